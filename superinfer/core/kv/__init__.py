@@ -1,0 +1,16 @@
+"""KV bookkeeping: block pools per tier, the two-tier manager, transfer specs."""
+
+from superinfer.core.kv.block_pool import BlockPool
+from superinfer.core.kv.errors import KVInvariantError, OutOfBlocksError
+from superinfer.core.kv.manager import TwoTierKVManager
+from superinfer.core.kv.transfer import Direction, TransferEngine, TransferSpec
+
+__all__ = [
+    "BlockPool",
+    "Direction",
+    "KVInvariantError",
+    "OutOfBlocksError",
+    "TransferEngine",
+    "TransferSpec",
+    "TwoTierKVManager",
+]

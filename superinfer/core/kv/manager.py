@@ -1,0 +1,345 @@
+"""Two-tier KV block manager: device and host pools, per-request block tables, prefix
+caching, and the bookkeeping of rotation (swap-out / swap-in) with host shadows.
+
+It answers capacity questions and plans copies as `TransferSpec`s; it never decides who
+runs (the scheduler does) and never moves bytes (a `TransferEngine` does).
+
+Host shadows. A device block may be paired with a host block holding a copy of its full,
+computed content (`shadow_of[device_block] = host_block`; the pairing holds one host
+reference). With eager write-back, a block is copied to a fresh shadow as soon as it is
+full and computed, so a swap-out copies only the dirty tail:
+
+    device table   [d0 d1 d2 d3]         d3 partial (tail)
+    shadow_of       d0->h0 d1->h1 d2->h2  (written back eagerly)
+    swap-out       host table [h0 h1 h2 h3']: refs taken on h0..h2, one copy d3 -> h3'
+    swap-in        new device table [e0 e1 e2 e3], copies h* -> e*; e0..e2 re-paired with
+                   h0..h2 (the request's references move to the pairings); h3' released
+
+A pairing is dropped when its device block's reference count reaches zero, so a reused
+device block gets a fresh shadow while the old one stays with the rotary request that
+owns it (copy-on-write). Blocks with copies in flight are quarantined by the pools.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from superinfer.core.kv.block_pool import BlockPool
+from superinfer.core.kv.errors import KVInvariantError
+from superinfer.core.kv.transfer import Direction, TransferSpec
+from superinfer.core.request import Request, RequestStatus
+
+
+@dataclass
+class BlockTables:
+    """One request's blocks: device blocks while running, host blocks while swapped."""
+
+    device: list[int] = field(default_factory=list)
+    host: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)  # prefix hash of each full block
+    num_registered: int = 0  # leading device blocks already cached / written back
+
+
+@dataclass
+class KVStats:
+    """Counters the engine reports as metrics."""
+
+    num_swap_out_blocks: int = 0
+    num_swap_in_blocks: int = 0
+    num_writeback_blocks: int = 0
+    num_prefix_hit_tokens: int = 0
+
+
+class TwoTierKVManager:
+    def __init__(
+        self,
+        num_device_blocks: int,
+        num_host_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        writeback_host_usage_limit: float = 0.9,
+    ) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.block_size = block_size
+        self.device = BlockPool(num_device_blocks, "device", enable_caching=enable_prefix_caching)
+        self.host = BlockPool(num_host_blocks, "host")
+        self.is_prefix_caching = enable_prefix_caching
+        self.is_eager_writeback = False  # the scheduling policy switches it on
+        self.writeback_host_usage_limit = writeback_host_usage_limit
+        self.tables: dict[str, BlockTables] = {}
+        self.shadow_of: dict[int, int] = {}
+        self.stats = KVStats()
+        self._inflight: dict[int, tuple[list[int], list[int]]] = {}  # id -> (device, host)
+        self._planned: list[TransferSpec] = []
+        self._writeback: list[tuple[int, int]] = []  # (device, host) pairs not yet in a spec
+
+    # --- sizes ----------------------------------------------------------------------------
+    def num_blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def _table(self, request: Request) -> BlockTables:
+        return self.tables.setdefault(request.request_id, BlockTables())
+
+    def num_device_blocks_of(self, request: Request) -> int:
+        table = self.tables.get(request.request_id)
+        return len(table.device) if table else 0
+
+    def block_table(self, request: Request) -> list[int]:
+        return self._table(request).device
+
+    # --- allocation -----------------------------------------------------------------------
+    def num_blocks_needed(self, request: Request, num_new_tokens: int) -> int:
+        """Device blocks to add so that `num_new_tokens` more tokens have slots."""
+        num_tokens = request.num_computed_tokens + num_new_tokens
+        return max(0, self.num_blocks_for(num_tokens) - self.num_device_blocks_of(request))
+
+    def can_allocate(self, request: Request, num_new_tokens: int, num_keep_free: int = 0) -> bool:
+        needed = self.num_blocks_needed(request, num_new_tokens)
+        return needed + num_keep_free <= self.device.num_free_blocks
+
+    def allocate_slots(self, request: Request, num_new_tokens: int) -> None:
+        """Give `request` device slots for `num_new_tokens` more tokens (ask first)."""
+        needed = self.num_blocks_needed(request, num_new_tokens)
+        if needed:
+            self._table(request).device.extend(self.device.allocate(needed))
+
+    def match_prefix(self, request: Request) -> int:
+        """Share cached device blocks holding a prefix of a request without blocks.
+
+        Returns the number of tokens hit. At least the last token is left to compute,
+        because the model needs it to produce the next token's logits.
+        """
+        table = self._table(request)
+        if not self.is_prefix_caching or table.device or table.host:
+            return 0
+        self._extend_hashes(request, table)
+        num_matchable = (request.num_tokens - 1) // self.block_size
+        for block_hash in table.block_hashes[:num_matchable]:
+            block = self.device.lookup(block_hash)
+            if block is None:
+                break
+            self.device.incref(block)
+            table.device.append(block)
+        table.num_registered = len(table.device)
+        num_hit = len(table.device) * self.block_size
+        self.stats.num_prefix_hit_tokens += num_hit
+        return num_hit
+
+    def _extend_hashes(self, request: Request, table: BlockTables) -> None:
+        num_full = request.num_tokens // self.block_size
+        for i in range(len(table.block_hashes), num_full):
+            parent = table.block_hashes[i - 1] if i else 0
+            tokens = request.token_ids_slice(i * self.block_size, (i + 1) * self.block_size)
+            table.block_hashes.append(hash((parent, tuple(tokens))))
+
+    # --- after a forward ------------------------------------------------------------------
+    def on_tokens_computed(self, request: Request) -> None:
+        """Register newly full, computed blocks in the prefix cache and write them back."""
+        table = self._table(request)
+        num_full = min(request.num_computed_tokens // self.block_size, len(table.device))
+        if num_full <= table.num_registered:
+            return
+        self._extend_hashes(request, table)
+        for i in range(table.num_registered, num_full):
+            block = table.device[i]
+            self.device.cache_block(block, table.block_hashes[i])
+            if self.is_eager_writeback and block not in self.shadow_of:
+                self._plan_writeback(block)
+        table.num_registered = num_full
+
+    def _plan_writeback(self, block: int) -> None:
+        if self.host.num_free_blocks == 0 or self.host.usage >= self.writeback_host_usage_limit:
+            return
+        (shadow,) = self.host.allocate(1)
+        self.shadow_of[block] = shadow
+        self.device.begin_copy([block])
+        self.host.begin_copy([shadow])
+        self._writeback.append((block, shadow))
+        self.stats.num_writeback_blocks += 1
+
+    # --- rotation -------------------------------------------------------------------------
+    def _num_computed_blocks(self, request: Request) -> int:
+        return self.num_blocks_for(request.num_computed_tokens)
+
+    def num_swap_out_copies(self, request: Request) -> int:
+        """Blocks a swap-out must copy (those without a shadow)."""
+        table = self._table(request)
+        computed = table.device[: self._num_computed_blocks(request)]
+        return sum(1 for block in computed if block not in self.shadow_of)
+
+    def can_swap_out(self, request: Request) -> bool:
+        return self.num_swap_out_copies(request) <= self.host.num_free_blocks
+
+    def num_blocks_freed_by_swap_out(self, request: Request) -> int:
+        """Device blocks a swap-out would return to the free list (not shared, not in flight)."""
+        return sum(
+            1
+            for block in self._table(request).device
+            if self.device.ref_counts[block] == 1 and not self.device.is_inflight(block)
+        )
+
+    def swap_out(self, request: Request) -> None:
+        """Move the request's computed KV to the host tier; its device blocks are released."""
+        table = self._table(request)
+        host_blocks, pairs = [], []
+        for block in table.device[: self._num_computed_blocks(request)]:
+            shadow = self.shadow_of.get(block)
+            if shadow is None:
+                (shadow,) = self.host.allocate(1)
+                pairs.append((block, shadow))
+            else:
+                self.host.incref(shadow)
+            host_blocks.append(shadow)
+        if pairs:
+            self._plan(Direction.D2H, [d for d, _ in pairs], [h for _, h in pairs])
+        self._free_device(table.device)
+        table.device, table.host = [], host_blocks
+        table.num_registered = 0
+        self.stats.num_swap_out_blocks += len(pairs)
+
+    def can_swap_in(self, request: Request, num_new_tokens: int, num_keep_free: int = 0) -> bool:
+        """Room on the device for the request's KV and `num_new_tokens`; its host copies done."""
+        table = self._table(request)
+        if any(self.host.is_inflight(block) for block in table.host):
+            return False
+        num_tokens = request.num_computed_tokens + num_new_tokens
+        return self.num_blocks_for(num_tokens) + num_keep_free <= self.device.num_free_blocks
+
+    def swap_in(self, request: Request) -> TransferSpec | None:
+        """Plan the copy of the request's KV back to fresh device blocks; re-pair shadows."""
+        table = self._table(request)
+        host_blocks = table.host
+        device_blocks = self.device.allocate(len(host_blocks))
+        spec = self._plan(Direction.H2D, host_blocks, device_blocks) if host_blocks else None
+        num_full = request.num_computed_tokens // self.block_size
+        for i, (host_block, device_block) in enumerate(zip(host_blocks, device_blocks)):
+            if i < num_full:  # the request's host reference becomes the pairing's
+                self.shadow_of[device_block] = host_block
+            else:  # the tail will change: its host copy is stale once the copy lands
+                self.host.free([host_block])
+        table.device, table.host = device_blocks, []
+        self._extend_hashes(request, table)
+        for i in range(num_full):
+            self.device.cache_block(device_blocks[i], table.block_hashes[i])
+        table.num_registered = num_full
+        self.stats.num_swap_in_blocks += len(host_blocks)
+        return spec
+
+    # --- release --------------------------------------------------------------------------
+    def free(self, request: Request, forget: bool = True) -> None:
+        """Release all blocks of `request` in both tiers (finish, abort, recompute)."""
+        table = self.tables.get(request.request_id)
+        if table is None:
+            return
+        self._free_device(table.device)
+        self.host.free(table.host)
+        table.device, table.host, table.num_registered = [], [], 0
+        if forget:
+            del self.tables[request.request_id]
+
+    def _free_device(self, blocks: Iterable[int]) -> None:
+        blocks = list(blocks)
+        self.device.free(blocks)
+        for block in blocks:
+            if self.device.ref_counts[block] == 0:
+                self._drop_shadow(block)
+
+    def _drop_shadow(self, block: int) -> None:
+        shadow = self.shadow_of.pop(block, None)
+        if shadow is not None:
+            self.host.free([shadow])
+
+    # --- transfers ------------------------------------------------------------------------
+    def _plan(self, direction: Direction, src: list[int], dst: list[int]) -> TransferSpec:
+        spec = TransferSpec(direction, tuple(src), tuple(dst))
+        device, host = (src, dst) if direction is Direction.D2H else (dst, src)
+        self.device.begin_copy(device)
+        self.host.begin_copy(host)
+        self._inflight[spec.transfer_id] = (list(device), list(host))
+        self._planned.append(spec)
+        return spec
+
+    def take_planned_transfers(self) -> list[TransferSpec]:
+        """Specs planned since the last call, write-backs merged into one; the caller
+        submits them to the transfer engine."""
+        if self._writeback:
+            device = [d for d, _ in self._writeback]
+            host = [h for _, h in self._writeback]
+            spec = TransferSpec(Direction.D2H, tuple(device), tuple(host))
+            self._inflight[spec.transfer_id] = (device, host)
+            self._planned.append(spec)
+            self._writeback = []
+        planned, self._planned = self._planned, []
+        return planned
+
+    def complete_transfers(self, transfer_ids: Iterable[int]) -> None:
+        """Release the quarantine of blocks whose copies finished."""
+        for transfer_id in transfer_ids:
+            device, host = self._inflight.pop(transfer_id)
+            self.device.end_copy(device)
+            self.host.end_copy(host)
+
+    @property
+    def num_inflight_transfers(self) -> int:
+        return len(self._inflight) + (1 if self._writeback else 0)
+
+    # --- checks ---------------------------------------------------------------------------
+    def check_invariants(self, requests: Iterable[Request] = ()) -> None:
+        """Raise KVInvariantError if the pools, tables, shadows or copies disagree."""
+        self.device.check_invariants()
+        self.host.check_invariants()
+        device_refs: Counter[int] = Counter()
+        host_refs: Counter[int] = Counter(self.shadow_of.values())
+        for table in self.tables.values():
+            device_refs.update(table.device)
+            host_refs.update(table.host)
+            if table.device and table.host:
+                raise KVInvariantError("a request holds blocks in both tiers")
+        if any(self.device.ref_counts[block] == 0 for block in self.shadow_of):
+            raise KVInvariantError("a free device block still has a shadow")
+        self._check_refs(self.device, device_refs)
+        self._check_refs(self.host, host_refs)
+        self._check_inflight()
+        for request in requests:
+            self._check_request(request)
+
+    @staticmethod
+    def _check_refs(pool: BlockPool, refs: Counter[int]) -> None:
+        for block in range(pool.num_blocks):
+            if pool.ref_counts[block] != refs.get(block, 0):
+                raise KVInvariantError(
+                    f"{pool.name} block {block}: ref count {pool.ref_counts[block]}, "
+                    f"owned {refs.get(block, 0)} times"
+                )
+
+    def _check_inflight(self) -> None:
+        device_inflight: Counter[int] = Counter(d for d, _ in self._writeback)
+        host_inflight: Counter[int] = Counter(h for _, h in self._writeback)
+        for device, host in self._inflight.values():
+            device_inflight.update(device)
+            host_inflight.update(host)
+        for pool, inflight in ((self.device, device_inflight), (self.host, host_inflight)):
+            for block in range(pool.num_blocks):
+                if pool.num_inflight[block] != inflight.get(block, 0):
+                    raise KVInvariantError(f"{pool.name} block {block}: in-flight count off")
+
+    def _check_request(self, request: Request) -> None:
+        table = self.tables.get(request.request_id)
+        num_device = len(table.device) if table else 0
+        num_host = len(table.host) if table else 0
+        status = request.status
+        if status.is_finished and table is not None:
+            raise KVInvariantError(f"finished request {request.request_id} still has blocks")
+        if status is RequestStatus.WAITING and (num_device or num_host):
+            raise KVInvariantError(f"waiting request {request.request_id} holds blocks")
+        if status is RequestStatus.RUNNING and (
+            num_host or num_device < self._num_computed_blocks(request)
+        ):
+            raise KVInvariantError(f"running request {request.request_id}: bad tables")
+        if status is RequestStatus.SWAPPED and (
+            num_device or num_host != self._num_computed_blocks(request)
+        ):
+            raise KVInvariantError(f"swapped request {request.request_id}: bad tables")

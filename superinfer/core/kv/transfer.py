@@ -1,0 +1,89 @@
+"""Transfer specs and the TransferEngine interface (pure Python).
+
+The block manager plans copies of whole KV blocks between the device tier and the host
+tier as `TransferSpec`s; a `TransferEngine` executes them (real copies in `engine/`,
+predicted times in the simulator). Completion is polled once per scheduler step.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+_next_transfer_id = itertools.count(1)
+
+
+class Direction(enum.Enum):
+    D2H = "d2h"  # device -> host: write-back and swap-out
+    H2D = "h2d"  # host -> device: swap-in
+
+
+@dataclass(frozen=True)
+class TransferSpec:
+    """Copy block `src_blocks[i]` of the source tier to `dst_blocks[i]` of the other tier."""
+
+    direction: Direction
+    src_blocks: tuple[int, ...]
+    dst_blocks: tuple[int, ...]
+    transfer_id: int = field(default_factory=lambda: next(_next_transfer_id))
+
+    def __post_init__(self) -> None:
+        if len(self.src_blocks) != len(self.dst_blocks):
+            raise ValueError("src_blocks and dst_blocks must have the same length")
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.src_blocks)
+
+
+@dataclass(frozen=True)
+class BlockRun:
+    """`num_blocks` consecutive blocks starting at `src_start` copied to `dst_start`."""
+
+    src_start: int
+    dst_start: int
+    num_blocks: int
+
+
+def merge_into_runs(src_blocks: Sequence[int], dst_blocks: Sequence[int]) -> list[BlockRun]:
+    """Merge (src, dst) pairs into runs that are consecutive on both sides.
+
+    Pairs are sorted by source block first, so one copy call can move each run.
+    """
+    runs: list[BlockRun] = []
+    for src, dst in sorted(zip(src_blocks, dst_blocks)):
+        last = runs[-1] if runs else None
+        if (
+            last is not None
+            and src == last.src_start + last.num_blocks
+            and dst == last.dst_start + last.num_blocks
+        ):
+            runs[-1] = BlockRun(last.src_start, last.dst_start, last.num_blocks + 1)
+        else:
+            runs.append(BlockRun(src, dst, 1))
+    return runs
+
+
+class TransferEngine(ABC):
+    """Executes `TransferSpec`s asynchronously, one lane per direction."""
+
+    @abstractmethod
+    def submit(self, spec: TransferSpec) -> None:
+        """Start copying `spec`'s blocks; returns without waiting."""
+
+    @abstractmethod
+    def poll_finished(self) -> list[int]:
+        """Ids of transfers that completed since the last poll (each reported once)."""
+
+    @abstractmethod
+    def wait(self, transfer_ids: Iterable[int] | None = None) -> None:
+        """Block until the given transfers (all submitted ones if None) have completed.
+
+        Completed ids are still reported by the next `poll_finished`.
+        """
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release worker threads or streams."""

@@ -1,0 +1,291 @@
+"""The token-budget scheduler: one loop for prefill chunks, decodes and resumptions.
+
+Each step, running requests get tokens first (in the policy's order), preempting the
+policy's victims when device memory runs short; then, if nobody was preempted, queued
+requests (waiting and swapped) are admitted in the policy's order until the token
+budget, `max_num_seqs` or memory runs out. The caller passes the time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from superinfer.config import SchedulerConfig
+from superinfer.core.kv.errors import KVInvariantError
+from superinfer.core.kv.manager import TwoTierKVManager
+from superinfer.core.outputs import ModelOutput, RequestUpdate, ScheduledSequence, SchedulerOutput
+from superinfer.core.policies import SchedulingPolicy
+from superinfer.core.request import Request, RequestStatus
+
+
+@dataclass
+class SchedulerStats:
+    num_steps: int = 0
+    num_preemptions: int = 0  # recompute preemptions
+    num_swap_outs: int = 0
+    num_swap_ins: int = 0
+
+
+class _StepPlan:
+    """Requests scheduled in the step being built, with their token counts."""
+
+    def __init__(self, token_budget: int) -> None:
+        self.num_tokens: dict[str, int] = {}
+        self.token_budget = token_budget
+        self.swap_in_ids: list[int] = []
+        self.preempted: list[str] = []
+        self.swapped_out: list[str] = []
+
+    def add(self, request: Request, num_tokens: int) -> None:
+        self.num_tokens[request.request_id] = num_tokens
+        self.token_budget -= num_tokens
+
+    def remove(self, request: Request) -> None:
+        self.token_budget += self.num_tokens.pop(request.request_id, 0)
+
+
+class Scheduler:
+    def __init__(
+        self, config: SchedulerConfig, kv: TwoTierKVManager, policy: SchedulingPolicy
+    ) -> None:
+        self.config = config
+        self.kv = kv
+        self.policy = policy
+        kv.is_eager_writeback = policy.is_eager_writeback
+        self.requests: dict[str, Request] = {}  # unfinished requests
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        self.swapped: list[Request] = []
+        self.stats = SchedulerStats()
+        self._num_admissions = 0
+        self._finished_ids: list[str] = []
+
+    # --- requests in and out --------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"duplicate request id {request.request_id!r}")
+        if request.num_prompt_tokens >= self.config.max_model_len:
+            raise ValueError(
+                f"prompt of {request.num_prompt_tokens} tokens leaves no room to generate "
+                f"within max_model_len={self.config.max_model_len}"
+            )
+        request.status = RequestStatus.WAITING
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def abort_request(self, request_id: str, now: float) -> Request | None:
+        """Abort an unfinished request; its blocks in both tiers are released."""
+        request = self.requests.get(request_id)
+        if request is not None:
+            self._finish(request, RequestStatus.FINISHED_ABORTED, now)
+        return request
+
+    def finish_request(self, request_id: str, status: RequestStatus, now: float) -> None:
+        """Finish a request from outside (the engine's stop-string check)."""
+        request = self.requests.get(request_id)
+        if request is not None:
+            self._finish(request, status, now)
+
+    def _finish(self, request: Request, status: RequestStatus, now: float) -> None:
+        self._queue_of(request).remove(request)
+        del self.requests[request.request_id]
+        self.kv.free(request)
+        request.status = status
+        request.finished_time = now
+        self._finished_ids.append(request.request_id)
+
+    def _queue_of(self, request: Request) -> list[Request]:
+        return {
+            RequestStatus.WAITING: self.waiting,
+            RequestStatus.RUNNING: self.running,
+            RequestStatus.SWAPPED: self.swapped,
+        }[request.status]
+
+    @property
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    # --- transfers ------------------------------------------------------------------------
+    def complete_transfers(self, transfer_ids: list[int]) -> None:
+        self.kv.complete_transfers(transfer_ids)
+
+    # --- one step -------------------------------------------------------------------------
+    def schedule(self, now: float) -> SchedulerOutput:
+        self.stats.num_steps += 1
+        plan = _StepPlan(self.config.max_num_batched_tokens)
+        self._schedule_running(plan, now)
+        if not plan.preempted and not plan.swapped_out:
+            self._schedule_queue(plan, now)
+        return self._build_output(plan)
+
+    def _schedule_running(self, plan: _StepPlan, now: float) -> None:
+        for request in self.policy.order_running(self.running, now):
+            if request.status is not RequestStatus.RUNNING or plan.token_budget <= 0:
+                continue
+            num_tokens = min(request.num_uncomputed_tokens, plan.token_budget)
+            while not self.kv.can_allocate(request, num_tokens):
+                victim = self.policy.pick_victim(self.running, now) or request
+                self._preempt(victim, plan, now)
+                if victim is request:
+                    break
+            else:
+                self.kv.allocate_slots(request, num_tokens)
+                plan.add(request, num_tokens)
+
+    def _schedule_queue(self, plan: _StepPlan, now: float) -> None:
+        for request in self.policy.order_queue(self.waiting, self.swapped, now):
+            if len(self.running) >= self.config.max_num_seqs or plan.token_budget <= 0:
+                break
+            is_admitted = (
+                self._try_swap_in(request, plan)
+                if request.status is RequestStatus.SWAPPED
+                else self._try_admit(request, plan)
+            )
+            if not is_admitted:
+                break
+            self._queue_of(request).remove(request)
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            self._num_admissions += 1
+            request.admission_seq = self._num_admissions
+            request.running_since = now
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = now
+
+    def _try_admit(self, request: Request, plan: _StepPlan) -> bool:
+        if request.num_computed_tokens == 0:
+            request.num_computed_tokens = self.kv.match_prefix(request)
+            if request.num_output_tokens == 0 and request.num_preemptions == 0:
+                request.num_cached_prompt_tokens = request.num_computed_tokens
+        num_tokens = min(request.num_uncomputed_tokens, plan.token_budget)
+        if not self.kv.can_allocate(request, num_tokens):
+            self.kv.free(request)  # give back prefix hits; it stays waiting
+            request.num_computed_tokens = 0
+            return False
+        self.kv.allocate_slots(request, num_tokens)
+        plan.add(request, num_tokens)
+        return True
+
+    def _try_swap_in(self, request: Request, plan: _StepPlan) -> bool:
+        num_tokens = min(request.num_uncomputed_tokens, plan.token_budget)
+        if not self.kv.can_swap_in(request, num_tokens):
+            return False
+        spec = self.kv.swap_in(request)
+        if spec is not None:
+            plan.swap_in_ids.append(spec.transfer_id)
+        self.kv.allocate_slots(request, num_tokens)
+        plan.add(request, num_tokens)
+        self.stats.num_swap_ins += 1
+        return True
+
+    def _preempt(self, victim: Request, plan: _StepPlan, now: float) -> None:
+        plan.remove(victim)
+        self.running.remove(victim)
+        victim.running_since = None
+        if self.policy.is_preempt_by_swap and self.kv.can_swap_out(victim):
+            self.kv.swap_out(victim)
+            victim.status = RequestStatus.SWAPPED
+            victim.num_swap_outs += 1
+            self.swapped.append(victim)
+            plan.swapped_out.append(victim.request_id)
+            self.stats.num_swap_outs += 1
+        else:  # recompute: drop the KV (also the fallback when the host tier is full)
+            self.kv.free(victim, forget=False)
+            victim.num_computed_tokens = 0
+            victim.status = RequestStatus.WAITING
+            victim.num_preemptions += 1
+            self.waiting.append(victim)
+            plan.preempted.append(victim.request_id)
+            self.stats.num_preemptions += 1
+
+    def _build_output(self, plan: _StepPlan) -> SchedulerOutput:
+        sequences = [
+            self._scheduled_sequence(self.requests[request_id], num_tokens)
+            for request_id, num_tokens in plan.num_tokens.items()
+        ]
+        finished, self._finished_ids = self._finished_ids, []
+        return SchedulerOutput(
+            step_id=self.stats.num_steps,
+            sequences=sequences,
+            transfers=self.kv.take_planned_transfers(),
+            swap_in_transfer_ids=plan.swap_in_ids,
+            finished_request_ids=finished,
+            preempted_request_ids=plan.preempted,
+            swapped_out_request_ids=plan.swapped_out,
+        )
+
+    def _scheduled_sequence(self, request: Request, num_tokens: int) -> ScheduledSequence:
+        start = request.num_computed_tokens
+        return ScheduledSequence(
+            request_id=request.request_id,
+            token_ids=request.token_ids_slice(start, start + num_tokens),
+            num_context_tokens=start,
+            block_table=list(self.kv.block_table(request)),
+            is_sampling=start + num_tokens == request.num_tokens,
+            sampling_params=request.sampling_params,
+            num_output_tokens=request.num_output_tokens,
+        )
+
+    # --- after the forward ----------------------------------------------------------------
+    def update_from_output(
+        self, output: SchedulerOutput, model_output: ModelOutput, now: float
+    ) -> list[RequestUpdate]:
+        """Advance each scheduled request by its computed tokens and sampled token."""
+        updates = []
+        for seq in output.sequences:
+            request = self.requests.get(seq.request_id)
+            if request is None or request.status is not RequestStatus.RUNNING:
+                continue  # aborted while the step ran
+            request.num_computed_tokens += seq.num_query_tokens
+            self.kv.on_tokens_computed(request)
+            if seq.is_sampling:
+                updates.append(self._append_token(request, model_output, now))
+        return updates
+
+    def _append_token(self, request: Request, model_output: ModelOutput, now: float) -> RequestUpdate:
+        token = model_output.sampled_token_ids[request.request_id]
+        request.output_token_ids.append(token)
+        request.output_token_times.append(now)
+        status = self._stop_status(request, token)
+        if status is not None:
+            self._finish(request, status, now)
+        return RequestUpdate(
+            request.request_id, [token], request.status.finish_reason, request.stop_reason
+        )
+
+    def _stop_status(self, request: Request, token: int) -> RequestStatus | None:
+        params = request.sampling_params
+        if request.num_output_tokens >= params.min_tokens:
+            if not params.ignore_eos and token in request.eos_token_ids:
+                return RequestStatus.FINISHED_STOPPED
+            if token in params.stop_token_ids:
+                request.stop_reason = token
+                return RequestStatus.FINISHED_STOPPED
+        if params.max_tokens is not None and request.num_output_tokens >= params.max_tokens:
+            return RequestStatus.FINISHED_LENGTH
+        if request.num_tokens >= self.config.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    # --- checks ---------------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        """Each request in exactly one queue matching its status; KV tables consistent."""
+        queues = {
+            RequestStatus.WAITING: self.waiting,
+            RequestStatus.RUNNING: self.running,
+            RequestStatus.SWAPPED: self.swapped,
+        }
+        num_queued = sum(len(q) for q in queues.values())
+        if num_queued != len(self.requests):
+            raise KVInvariantError(f"{num_queued} queued but {len(self.requests)} unfinished")
+        for status, queue in queues.items():
+            for request in queue:
+                if request.status is not status or self.requests.get(request.request_id) is not request:
+                    raise KVInvariantError(f"request {request.request_id} in the wrong queue")
+        if len(self.running) > self.config.max_num_seqs:
+            raise KVInvariantError("more running requests than max_num_seqs")
+        self.kv.check_invariants(self.requests.values())

@@ -1,0 +1,97 @@
+"""Small factories shared by the tests: requests, schedulers, and a fake model."""
+
+from __future__ import annotations
+
+import itertools
+
+from superinfer.config import SchedulerConfig
+from superinfer.core.kv.manager import TwoTierKVManager
+from superinfer.core.outputs import ModelOutput, SchedulerOutput
+from superinfer.core.policies import create_policy
+from superinfer.core.request import Request
+from superinfer.core.scheduler import Scheduler
+from superinfer.sampling_params import SamplingParams
+
+_ids = itertools.count()
+EOS = 2
+
+
+def make_request(
+    num_prompt_tokens: int = 10,
+    max_tokens: int = 8,
+    arrival_time: float = 0.0,
+    request_id: str | None = None,
+    prompt_token_ids: list[int] | None = None,
+    **params,
+) -> Request:
+    request_id = request_id if request_id is not None else f"r{next(_ids)}"
+    prompt = prompt_token_ids or [100 + (hash(request_id) + i) % 1000 for i in range(num_prompt_tokens)]
+    return Request(
+        request_id=request_id,
+        prompt_token_ids=prompt,
+        sampling_params=SamplingParams(max_tokens=max_tokens, temperature=0.0, **params),
+        arrival_time=arrival_time,
+        eos_token_ids=(EOS,),
+    )
+
+
+def make_scheduler(
+    policy: str = "fcfs-recompute",
+    num_device_blocks: int = 64,
+    num_host_blocks: int = 256,
+    block_size: int = 4,
+    max_num_seqs: int = 16,
+    max_num_batched_tokens: int = 64,
+    max_model_len: int = 1024,
+    enable_prefix_caching: bool = True,
+) -> Scheduler:
+    kv = TwoTierKVManager(num_device_blocks, num_host_blocks, block_size, enable_prefix_caching)
+    config = SchedulerConfig(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=max_model_len,
+        policy=policy,
+    )
+    return Scheduler(config, kv, create_policy(policy))
+
+
+def fake_next_token(request_id: str, num_tokens: int) -> int:
+    """A deterministic 'model': the next token depends only on the request and position."""
+    return 1000 + (sum(map(ord, request_id)) * 31 + num_tokens * 7) % 5000
+
+
+def fake_model_output(output: SchedulerOutput) -> ModelOutput:
+    return ModelOutput(
+        {
+            seq.request_id: fake_next_token(seq.request_id, seq.num_context_tokens + seq.num_query_tokens)
+            for seq in output.sequences
+            if seq.is_sampling
+        }
+    )
+
+
+def run_to_completion(scheduler: Scheduler, max_steps: int = 10_000, complete_transfers: bool = True):
+    """Drive the scheduler with the fake model, checking invariants after every step.
+
+    Returns the list of SchedulerOutputs. Transfers are completed at the start of the
+    next step, like an engine that polls once per step.
+    """
+    outputs = []
+    pending: list[int] = []
+    now = 0.0
+    for _ in range(max_steps):
+        if not scheduler.has_unfinished_requests:
+            break
+        if complete_transfers:
+            scheduler.complete_transfers(pending)
+            pending = []
+        out = scheduler.schedule(now)
+        pending += [spec.transfer_id for spec in out.transfers]
+        scheduler.update_from_output(out, fake_model_output(out), now)
+        scheduler.check_invariants()
+        outputs.append(out)
+        now += 0.01
+    scheduler.complete_transfers(pending)
+    scheduler.check_invariants()
+    assert not scheduler.has_unfinished_requests, "did not finish"
+    return outputs
