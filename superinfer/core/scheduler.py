@@ -127,14 +127,27 @@ class Scheduler:
             if request.status is not RequestStatus.RUNNING or plan.token_budget <= 0:
                 continue
             num_tokens = min(request.num_uncomputed_tokens, plan.token_budget)
-            while not self.kv.can_allocate(request, num_tokens):
-                victim = self.policy.pick_victim(self.running, now) or request
-                self._preempt(victim, plan, now)
-                if victim is request:
-                    break
-            else:
+            if self._make_room(request, num_tokens, plan, now):
                 self.kv.allocate_slots(request, num_tokens)
                 plan.add(request, num_tokens)
+
+    def _make_room(self, request: Request, num_tokens: int, plan: _StepPlan, now: float) -> bool:
+        """Preempt the policy's victims until `request` fits; False if it cannot run now."""
+        while not self.kv.can_allocate(request, num_tokens):
+            if self._is_room_coming(request, num_tokens):
+                return False  # blocks of earlier victims free up once their copies land
+            victim = self.policy.pick_victim(self.running, now) or request
+            self._preempt(victim, plan, now)
+            if victim is request:
+                return False
+        return True
+
+    def _is_room_coming(self, request: Request, num_tokens: int) -> bool:
+        device = self.kv.device
+        num_needed = self.kv.num_blocks_needed(request, num_tokens)
+        return device.num_quarantined_blocks and num_needed <= (
+            device.num_free_blocks + device.num_quarantined_blocks
+        )
 
     def _schedule_queue(self, plan: _StepPlan, now: float) -> None:
         for request in self.policy.order_queue(self.waiting, self.swapped, now):
