@@ -1,0 +1,1 @@
+"""Benchmark workloads, load generation and metrics."""

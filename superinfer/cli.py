@@ -1,0 +1,118 @@
+"""Command line: `superinfer generate "PROMPT"` (more subcommands join as they land).
+
+Engine flags are derived from the config dataclasses in `superinfer.config`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from superinfer.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+
+_TYPES = {"int": int, "float": float, "str": str}
+
+
+def add_config_flags(parser: argparse.ArgumentParser, config_type: type, title: str) -> None:
+    """One `--flag-name` per dataclass field, with its default and help text."""
+    group = parser.add_argument_group(title)
+    for f in dataclasses.fields(config_type):
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f.metadata.get("help", "")
+        base_type = str(f.type).split("|")[0].strip()
+        if base_type == "bool":
+            group.add_argument(
+                flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text
+            )
+            continue
+        choices = f.metadata.get("choices")
+        group.add_argument(
+            flag, type=_TYPES[base_type], default=f.default, help=help_text, choices=choices,
+            metavar=None if choices else base_type.upper(),
+        )  # fmt: skip
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    def part(config_type: type) -> Any:
+        return config_type(**{f.name: getattr(args, f.name) for f in dataclasses.fields(config_type)})
+
+    return EngineConfig(part(ModelConfig), part(CacheConfig), part(SchedulerConfig))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="superinfer",
+        description="superinfer: an LLM serving engine that keeps latency promises.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    gen = sub.add_parser(
+        "generate",
+        help="generate an answer to one prompt and print it",
+        description="Generate an answer to PROMPT with the model and print it. The model's chat "
+        "template is applied unless --no-chat-template is given.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    gen.add_argument("prompt", help="the prompt (a user message unless --no-chat-template)")
+    gen.add_argument("--max-tokens", type=int, default=128, help="most tokens to generate")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 means greedy")
+    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
+    gen.add_argument("--top-k", type=int, default=-1, help="keep the k best tokens (-1: all)")
+    gen.add_argument("--sampling-seed", type=int, default=None, help="seed of this request")
+    gen.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    gen.add_argument("--system", default=None, help="system message for the chat template")
+    gen.add_argument(
+        "--chat-template", action=argparse.BooleanOptionalAction, default=True,
+        help="wrap the prompt in the model's chat template",
+    )  # fmt: skip
+    gen.add_argument("-v", "--verbose", action="store_true", help="log engine details to stderr")
+    for config_type, title in (
+        (ModelConfig, "model"), (CacheConfig, "KV cache"), (SchedulerConfig, "scheduler")
+    ):  # fmt: skip
+        add_config_flags(gen, config_type, title)
+    return parser
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from superinfer.engine.llm import LLM
+    from superinfer.sampling_params import SamplingParams
+
+    llm = LLM.from_config(engine_config_from_args(args))
+    params = SamplingParams(
+        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+        top_k=args.top_k, seed=args.sampling_seed, stop=args.stop,
+    )  # fmt: skip
+    if args.chat_template:
+        messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+            {"role": "user", "content": args.prompt}
+        ]
+        (output,) = llm.chat(messages, params)
+    else:
+        (output,) = llm.generate(args.prompt, params)
+    print(output.outputs[0].text)
+    llm.engine.close()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        if args.command == "generate":
+            return run_generate(args)
+    except (ValueError, TypeError, FileNotFoundError) as error:
+        print(f"superinfer: error: {error}", file=sys.stderr)
+        return 2
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The real engine: model runner, transfer engines, step loop, offline API."""

@@ -1,0 +1,230 @@
+"""The synchronous engine: tokenize, schedule, move KV, execute, update, detokenize.
+
+    step():  complete finished copies -> schedule(now) -> submit copies, wait for the
+             swap-ins -> forward + sample -> update_from_output(now) -> outputs
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Union
+
+import torch
+
+from superinfer.config import EngineConfig
+from superinfer.core.kv.manager import TwoTierKVManager
+from superinfer.core.outputs import RequestUpdate, SchedulerOutput
+from superinfer.core.policies import create_policy
+from superinfer.core.request import Request, RequestStatus
+from superinfer.core.scheduler import Scheduler
+from superinfer.engine.detokenizer import IncrementalDetokenizer
+from superinfer.engine.kv_cache import KVCacheTiers, bytes_per_block
+from superinfer.engine.model_runner import ModelRunner
+from superinfer.engine.transfer import create_transfer_engine
+from superinfer.model.loader import load_model
+from superinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from superinfer.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+PromptType = Union[str, Mapping[str, Any]]  # text, or {"prompt_token_ids": [...]}
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class _Tracked:
+    request: Request
+    prompt: str | None
+    detokenizer: IncrementalDetokenizer
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("device cuda was asked for but CUDA is not available")
+    return torch.device(name)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig | None = None, clock=time.monotonic) -> None:
+        self.config = config = config or EngineConfig()
+        self.clock = clock
+        self.device = resolve_device(config.model.device)
+        dtype = _DTYPES[config.model.dtype]
+        loaded = load_model(config.model.model, dtype, self.device)
+        self.model_config = loaded.config
+        self.tokenizer = loaded.tokenizer
+        self._check_model_len()
+        num_device_blocks, num_host_blocks = self._pool_sizes(dtype)
+        self.kv_tiers = KVCacheTiers.allocate(
+            num_device_blocks, num_host_blocks, self.model_config.num_layers,
+            config.cache.block_size, self.model_config.num_kv_heads,
+            self.model_config.head_dim, dtype, self.device,
+        )  # fmt: skip
+        self.transfer = create_transfer_engine(self.kv_tiers, config.cache.transfer_mode)
+        kv = TwoTierKVManager(
+            num_device_blocks, num_host_blocks, config.cache.block_size,
+            config.cache.enable_prefix_caching,
+        )  # fmt: skip
+        policy = create_policy(config.scheduler.policy)
+        self.scheduler = Scheduler(config.scheduler, kv, policy)
+        self.runner = ModelRunner(
+            loaded.model, self.kv_tiers, config.cache.block_size, self.device,
+            eos_token_ids=self.eos_token_ids, seed=config.model.seed, transfer=self.transfer,
+        )  # fmt: skip
+        self._tracked: dict[str, _Tracked] = {}
+        self._request_ids = itertools.count()
+        logger.info(
+            "engine ready: %s on %s (%s), %d device blocks, %d host blocks, policy %s",
+            config.model.model or "SmolLM2-135M-Instruct", self.device, config.model.dtype,
+            num_device_blocks, num_host_blocks, policy.name,
+        )  # fmt: skip
+
+    # --- setup ----------------------------------------------------------------------------
+    def _check_model_len(self) -> None:
+        limit = self.model_config.max_position_embeddings
+        if self.config.scheduler.max_model_len > limit:
+            raise ValueError(
+                f"max_model_len={self.config.scheduler.max_model_len} exceeds the model's "
+                f"limit of {limit} positions"
+            )
+
+    def _pool_sizes(self, dtype: torch.dtype) -> tuple[int, int]:
+        cache = self.config.cache
+        mc = self.model_config
+        block_bytes = bytes_per_block(
+            mc.num_layers, cache.block_size, mc.num_kv_heads, mc.head_dim, dtype
+        )
+        num_device = cache.num_device_blocks or int(cache.device_kv_gib * 2**30 // block_bytes)
+        num_host = cache.num_host_blocks
+        if num_host is None:
+            num_host = int(cache.host_kv_gib * 2**30 // block_bytes)
+        max_blocks_per_seq = -(-self.config.scheduler.max_model_len // cache.block_size)
+        if num_device < max_blocks_per_seq:
+            raise ValueError(
+                f"the device KV pool ({num_device} blocks of {cache.block_size} tokens) cannot "
+                f"hold one sequence of max_model_len={self.config.scheduler.max_model_len}; "
+                "raise --device-kv-gib or lower --max-model-len"
+            )
+        return num_device, num_host
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        eos = self.model_config.eos_token_ids
+        return tuple(eos) if isinstance(eos, (list, tuple)) else (eos,)
+
+    # --- requests -------------------------------------------------------------------------
+    def tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer(prompt)["input_ids"]
+        if isinstance(prompt, Mapping) and "prompt_token_ids" in prompt:
+            token_ids = [int(t) for t in prompt["prompt_token_ids"]]
+            vocab_size = self.model_config.vocab_size
+            if any(not 0 <= t < vocab_size for t in token_ids):
+                raise ValueError(f"prompt_token_ids must lie in [0, {vocab_size})")
+            return prompt.get("prompt"), token_ids
+        raise TypeError("a prompt is a string or a dict with 'prompt_token_ids'")
+
+    def apply_chat_template(self, conversation: Sequence[Mapping[str, str]]) -> str:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError("this model has no chat template; use generate() with a prompt")
+        return self.tokenizer.apply_chat_template(
+            list(conversation), tokenize=False, add_generation_prompt=True
+        )
+
+    def add_request(
+        self,
+        prompt: PromptType,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        arrival_time: float | None = None,
+        priority: int = 0,
+    ) -> Request:
+        params = params or SamplingParams()
+        text, token_ids = self.tokenize(prompt)
+        request = Request(
+            request_id=request_id if request_id is not None else str(next(self._request_ids)),
+            prompt_token_ids=token_ids,
+            sampling_params=params,
+            arrival_time=self.clock() if arrival_time is None else arrival_time,
+            eos_token_ids=self.eos_token_ids,
+            priority=priority,
+        )
+        self.scheduler.add_request(request)
+        detokenizer = IncrementalDetokenizer(self.tokenizer, params.stop, params.skip_special_tokens)
+        self._tracked[request.request_id] = _Tracked(request, text, detokenizer)
+        return request
+
+    def abort_request(self, request_id: str) -> None:
+        self.scheduler.abort_request(request_id, self.clock())
+        self._tracked.pop(request_id, None)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests
+
+    # --- the step -------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        self.scheduler.complete_transfers(self.transfer.poll_finished())
+        output = self.scheduler.schedule(self.clock())
+        self._move_kv(output)
+        model_output = self.runner.execute(output)
+        updates = self.scheduler.update_from_output(output, model_output, self.clock())
+        if self.config.check_invariants:
+            self.scheduler.check_invariants()
+        return [self._process(update) for update in updates]
+
+    def _move_kv(self, output: SchedulerOutput) -> None:
+        for spec in output.transfers:
+            self.transfer.submit(spec)
+        if output.swap_in_transfer_ids:
+            self.transfer.wait(output.swap_in_transfer_ids)
+
+    def _process(self, update: RequestUpdate) -> RequestOutput:
+        tracked = self._tracked[update.request_id]
+        request = tracked.request
+        detokenizer = tracked.detokenizer
+        new_text = detokenizer.add_tokens(update.new_token_ids)
+        finish_reason, stop_reason = update.finish_reason, update.stop_reason
+        if detokenizer.stop_string is not None and finish_reason is None:
+            self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_STOPPED, self.clock())
+            finish_reason, stop_reason = "stop", detokenizer.stop_string
+        if finish_reason is not None:
+            del self._tracked[request.request_id]
+        return self._request_output(tracked, new_text, update.new_token_ids, finish_reason, stop_reason)
+
+    @staticmethod
+    def _request_output(
+        tracked: _Tracked,
+        new_text: str,
+        new_token_ids: list[int],
+        finish_reason: str | None,
+        stop_reason: int | str | None,
+    ) -> RequestOutput:
+        request = tracked.request
+        completion = CompletionOutput(
+            0, tracked.detokenizer.text, list(request.output_token_ids), finish_reason, stop_reason
+        )
+        metrics = RequestMetrics(
+            arrival_time=request.arrival_time,
+            first_scheduled_time=request.first_scheduled_time,
+            first_token_time=request.first_token_time,
+            last_token_time=request.last_token_time,
+            finished_time=request.finished_time,
+            num_preemptions=request.num_preemptions,
+            num_swap_outs=request.num_swap_outs,
+            num_cached_prompt_tokens=request.num_cached_prompt_tokens,
+        )
+        return RequestOutput(
+            request.request_id, tracked.prompt, request.prompt_token_ids, [completion],
+            finished=finish_reason is not None, metrics=metrics, new_text=new_text,
+            new_token_ids=new_token_ids,
+        )  # fmt: skip
+
+    def close(self) -> None:
+        self.transfer.close()
