@@ -25,15 +25,35 @@ class SchedulerConfig:
         2048, "Longest sequence (prompt + output) a request may reach, in tokens."
     )
     policy: str = opt(
-        "fcfs-recompute",
-        "Scheduling policy: fcfs-recompute (vLLM v1: preempt the newest, drop its KV) or "
-        "fcfs-swap (vLLM v0: preempt to the host tier, swapped requests resume first).",
+        "rotasched",
+        "Scheduling policy: rotasched (SLO-aware rotation between the KV tiers), ddps "
+        "(deadline-driven preemptive), edf (earliest deadline first), priority (vLLM's), "
+        "fcfs-recompute (vLLM v1) or fcfs-swap (vLLM v0). See docs/policies.md.",
+    )
+    rotation_budget: int | None = opt(
+        None,
+        "rotasched: free device blocks kept ready by proactive rotation when demand exceeds "
+        "the device pool (default: 5%% of the device pool).",
+    )
+    ddps_margin: float = opt(
+        2.0, "ddps: a waiting request preempts a running one when its urgency is this many "
+        "times larger.",
+    )
+    ddps_slack_scale: float = opt(
+        0.5, "ddps: urgency is exp(-slack / (scale * target)); smaller rises later and steeper."
+    )
+    min_residency_tokens: int = opt(
+        4, "ddps: tokens a (re)admitted request generates before it can be preempted again."
     )
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.rotation_budget is not None and self.rotation_budget < 0:
+            raise ValueError("rotation_budget must be >= 0")
+        if self.ddps_margin < 1 or self.ddps_slack_scale <= 0 or self.min_residency_tokens < 0:
+            raise ValueError("ddps_margin must be >= 1, ddps_slack_scale > 0, min_residency_tokens >= 0")
 
 
 @dataclass

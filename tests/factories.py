@@ -44,6 +44,7 @@ def make_scheduler(
     max_num_batched_tokens: int = 64,
     max_model_len: int = 1024,
     enable_prefix_caching: bool = True,
+    **config_options,
 ) -> Scheduler:
     kv = TwoTierKVManager(num_device_blocks, num_host_blocks, block_size, enable_prefix_caching)
     config = SchedulerConfig(
@@ -51,8 +52,9 @@ def make_scheduler(
         max_num_batched_tokens=max_num_batched_tokens,
         max_model_len=max_model_len,
         policy=policy,
+        **config_options,
     )
-    return Scheduler(config, kv, create_policy(policy))
+    return Scheduler(config, kv, create_policy(policy, config))
 
 
 def fake_next_token(request_id: str, num_tokens: int) -> int:
@@ -70,21 +72,22 @@ def fake_model_output(output: SchedulerOutput) -> ModelOutput:
     )
 
 
-def run_to_completion(scheduler: Scheduler, max_steps: int = 10_000, complete_transfers: bool = True):
+def run_to_completion(
+    scheduler: Scheduler, max_steps: int = 10_000, pending: list[int] | None = None, now: float = 0.0
+):
     """Drive the scheduler with the fake model, checking invariants after every step.
 
     Returns the list of SchedulerOutputs. Transfers are completed at the start of the
-    next step, like an engine that polls once per step.
+    next step, like an engine that polls once per step; `pending` carries the transfer ids
+    of steps the caller ran by hand.
     """
     outputs = []
-    pending: list[int] = []
-    now = 0.0
+    pending = list(pending or [])
     for _ in range(max_steps):
         if not scheduler.has_unfinished_requests:
             break
-        if complete_transfers:
-            scheduler.complete_transfers(pending)
-            pending = []
+        scheduler.complete_transfers(pending)
+        pending = []
         out = scheduler.schedule(now)
         pending += [spec.transfer_id for spec in out.transfers]
         scheduler.update_from_output(out, fake_model_output(out), now)

@@ -11,6 +11,7 @@ import enum
 from dataclasses import dataclass, field
 
 from superinfer.sampling_params import SamplingParams
+from superinfer.slo import SLOTargets
 
 
 class RequestStatus(enum.Enum):
@@ -42,6 +43,7 @@ class Request:
     arrival_time: float
     eos_token_ids: tuple[int, ...] = ()
     priority: int = 0  # lower is served earlier (vLLM's convention)
+    slo: SLOTargets = field(default_factory=SLOTargets)
 
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
@@ -58,6 +60,7 @@ class Request:
     num_preemptions: int = 0  # recompute preemptions
     num_swap_outs: int = 0  # rotations to the host tier
     admission_seq: int = -1  # order of the latest admission to the running set
+    num_output_tokens_at_admission: int = 0  # outputs when it last (re)entered the running set
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -92,6 +95,22 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status.is_finished
+
+    @property
+    def num_tokens_this_residency(self) -> int:
+        """Tokens generated since the request last entered the running set."""
+        return self.num_output_tokens - self.num_output_tokens_at_admission
+
+    def next_deadline(self) -> float:
+        """When its next token is due: the TTFT deadline before the first token, then the
+        previous token's time plus the TBT target."""
+        if self.last_token_time is None:
+            return self.arrival_time + self.slo.ttft_s
+        return self.last_token_time + self.slo.tbt_s
+
+    def target_for_next_token(self) -> float:
+        """The SLO (seconds) that governs the next token: TTFT first, TBT afterwards."""
+        return self.slo.ttft_s if self.last_token_time is None else self.slo.tbt_s
 
     @property
     def first_token_time(self) -> float | None:

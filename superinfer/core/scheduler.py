@@ -14,7 +14,7 @@ from superinfer.config import SchedulerConfig
 from superinfer.core.kv.errors import KVInvariantError
 from superinfer.core.kv.manager import TwoTierKVManager
 from superinfer.core.outputs import ModelOutput, RequestUpdate, ScheduledSequence, SchedulerOutput
-from superinfer.core.policies import SchedulingPolicy
+from superinfer.core.policies import MemoryState, SchedulingPolicy
 from superinfer.core.request import Request, RequestStatus
 
 
@@ -24,6 +24,7 @@ class SchedulerStats:
     num_preemptions: int = 0  # recompute preemptions
     num_swap_outs: int = 0
     num_swap_ins: int = 0
+    num_proactive_rotations: int = 0  # swap-outs decided before memory ran short
 
 
 class _StepPlan:
@@ -35,6 +36,7 @@ class _StepPlan:
         self.swap_in_ids: list[int] = []
         self.preempted: list[str] = []
         self.swapped_out: list[str] = []
+        self.num_reactive_preemptions = 0  # forced by memory while serving running requests
 
     def add(self, request: Request, num_tokens: int) -> None:
         self.num_tokens[request.request_id] = num_tokens
@@ -117,10 +119,33 @@ class Scheduler:
     def schedule(self, now: float) -> SchedulerOutput:
         self.stats.num_steps += 1
         plan = _StepPlan(self.config.max_num_batched_tokens)
+        self._rotate_proactively(plan, now)
         self._schedule_running(plan, now)
-        if not plan.preempted and not plan.swapped_out:
+        if not plan.num_reactive_preemptions:
             self._schedule_queue(plan, now)
         return self._build_output(plan)
+
+    def memory_state(self) -> MemoryState:
+        device = self.kv.device
+        return MemoryState(
+            num_device_blocks=device.num_blocks,
+            num_free_device_blocks=device.num_free_blocks + device.num_quarantined_blocks,
+            num_demand_blocks=sum(self.kv.num_blocks_for(r.num_tokens) for r in self.requests.values()),
+            host_usage=self.kv.host.usage,
+            num_swapped_requests=len(self.swapped),
+        )
+
+    def _rotate_proactively(self, plan: _StepPlan, now: float) -> None:
+        memory = self.memory_state()
+        target = self.policy.rotation_target(memory)
+        num_free = memory.num_free_device_blocks
+        while num_free < target:
+            victim = self.policy.pick_victim(self.running, now)
+            if victim is None or not self.kv.can_swap_out(victim):
+                return
+            num_free += self.kv.num_blocks_freed_by_swap_out(victim)
+            self._preempt(victim, plan, now)
+            self.stats.num_proactive_rotations += 1
 
     def _schedule_running(self, plan: _StepPlan, now: float) -> None:
         for request in self.policy.order_running(self.running, now):
@@ -138,6 +163,7 @@ class Scheduler:
                 return False  # blocks of earlier victims free up once their copies land
             victim = self.policy.pick_victim(self.running, now) or request
             self._preempt(victim, plan, now)
+            plan.num_reactive_preemptions += 1
             if victim is request:
                 return False
         return True
@@ -145,31 +171,49 @@ class Scheduler:
     def _is_room_coming(self, request: Request, num_tokens: int) -> bool:
         device = self.kv.device
         num_needed = self.kv.num_blocks_needed(request, num_tokens)
-        return device.num_quarantined_blocks and num_needed <= (
+        return device.num_quarantined_blocks > 0 and num_needed <= (
             device.num_free_blocks + device.num_quarantined_blocks
         )
 
     def _schedule_queue(self, plan: _StepPlan, now: float) -> None:
+        memory = self.memory_state()
         for request in self.policy.order_queue(self.waiting, self.swapped, now):
-            if len(self.running) >= self.config.max_num_seqs or plan.token_budget <= 0:
+            if plan.token_budget <= 0:
                 break
-            is_admitted = (
-                self._try_swap_in(request, plan)
-                if request.status is RequestStatus.SWAPPED
-                else self._try_admit(request, plan)
-            )
-            if not is_admitted:
+            if self._is_held_back(request, plan) or not self.policy.may_admit(request, memory):
+                continue
+            if not self._admit_displacing(request, plan, now):
                 break
             self._queue_of(request).remove(request)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             self._num_admissions += 1
             request.admission_seq = self._num_admissions
+            request.num_output_tokens_at_admission = request.num_output_tokens
             request.running_since = now
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
 
+    def _is_held_back(self, request: Request, plan: _StepPlan) -> bool:
+        """Swapped out in this very step, or its copies to the host not landed yet."""
+        if request.status is not RequestStatus.SWAPPED:
+            return False
+        return request.request_id in plan.swapped_out or not self.kv.is_swap_in_ready(request)
+
+    def _admit_displacing(self, request: Request, plan: _StepPlan, now: float) -> bool:
+        """Admit `request`, displacing the policy's admission victims while it does not fit."""
+        while not self._try_admit(request, plan):
+            victim = self.policy.pick_admission_victim(request, self.running, now)
+            if victim is None:
+                return False
+            self._preempt(victim, plan, now)
+        return True
+
     def _try_admit(self, request: Request, plan: _StepPlan) -> bool:
+        if len(self.running) >= self.config.max_num_seqs:
+            return False
+        if request.status is RequestStatus.SWAPPED:
+            return self._try_swap_in(request, plan)
         if request.num_computed_tokens == 0:
             request.num_computed_tokens = self.kv.match_prefix(request)
             if request.num_output_tokens == 0 and request.num_preemptions == 0:

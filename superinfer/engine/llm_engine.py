@@ -72,7 +72,7 @@ class LLMEngine:
             num_device_blocks, num_host_blocks, config.cache.block_size,
             config.cache.enable_prefix_caching,
         )  # fmt: skip
-        policy = create_policy(config.scheduler.policy)
+        policy = create_policy(config.scheduler.policy, config.scheduler)
         self.scheduler = Scheduler(config.scheduler, kv, policy)
         self.runner = ModelRunner(
             loaded.model, self.kv_tiers, config.cache.block_size, self.device,

@@ -49,8 +49,8 @@ class BlockPool:
 
     @property
     def usage(self) -> float:
-        """Fraction of blocks not available for allocation."""
-        return 1.0 - self.num_free_blocks / self.num_blocks if self.num_blocks else 1.0
+        """Fraction of blocks not available for allocation (0 for an empty pool)."""
+        return 1.0 - self.num_free_blocks / self.num_blocks if self.num_blocks else 0.0
 
     # --- allocation -----------------------------------------------------------------------
     def allocate(self, num_blocks: int) -> list[int]:

@@ -174,12 +174,9 @@ class TwoTierKVManager:
         return self.num_swap_out_copies(request) <= self.host.num_free_blocks
 
     def num_blocks_freed_by_swap_out(self, request: Request) -> int:
-        """Device blocks a swap-out would return to the free list (not shared, not in flight)."""
-        return sum(
-            1
-            for block in self._table(request).device
-            if self.device.ref_counts[block] == 1 and not self.device.is_inflight(block)
-        )
+        """Device blocks a swap-out would release (those not shared), some of them only
+        once their copies land."""
+        return sum(1 for block in self._table(request).device if self.device.ref_counts[block] == 1)
 
     def swap_out(self, request: Request) -> None:
         """Move the request's computed KV to the host tier; its device blocks are released."""
@@ -200,13 +197,15 @@ class TwoTierKVManager:
         table.num_registered = 0
         self.stats.num_swap_out_blocks += len(pairs)
 
+    def is_swap_in_ready(self, request: Request) -> bool:
+        """True once the copies into the request's host blocks have landed."""
+        return not any(self.host.is_inflight(block) for block in self._table(request).host)
+
     def can_swap_in(self, request: Request, num_new_tokens: int, num_keep_free: int = 0) -> bool:
-        """Room on the device for the request's KV and `num_new_tokens`; its host copies done."""
-        table = self._table(request)
-        if any(self.host.is_inflight(block) for block in table.host):
-            return False
+        """Room on the device for the request's KV and `num_new_tokens`, its copies landed."""
         num_tokens = request.num_computed_tokens + num_new_tokens
-        return self.num_blocks_for(num_tokens) + num_keep_free <= self.device.num_free_blocks
+        num_needed = self.num_blocks_for(num_tokens) + num_keep_free
+        return self.is_swap_in_ready(request) and num_needed <= self.device.num_free_blocks
 
     def swap_in(self, request: Request) -> TransferSpec | None:
         """Plan the copy of the request's KV back to fresh device blocks; re-pair shadows."""

@@ -1,11 +1,12 @@
 """Scheduling policies, chosen by name (`create_policy("fcfs-swap")`)."""
 
-from superinfer.core.policies import fcfs  # noqa: F401  (registers the policies)
+from superinfer.core.policies import deadline, fcfs, priority, rotasched  # noqa: F401 (register)
 from superinfer.core.policies.base import (
+    MemoryState,
     SchedulingPolicy,
     available_policies,
     create_policy,
     register_policy,
 )
 
-__all__ = ["SchedulingPolicy", "available_policies", "create_policy", "register_policy"]
+__all__ = ["MemoryState", "SchedulingPolicy", "available_policies", "create_policy", "register_policy"]

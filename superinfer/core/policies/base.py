@@ -8,17 +8,33 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
+from superinfer.config import SchedulerConfig
 from superinfer.core.request import Request
 
 _REGISTRY: dict[str, type[SchedulingPolicy]] = {}
+
+
+@dataclass(frozen=True)
+class MemoryState:
+    """What the loop tells a policy about memory at the start of a step."""
+
+    num_device_blocks: int
+    num_free_device_blocks: int  # free now or once in-flight copies land
+    num_demand_blocks: int  # blocks all unfinished requests need for their next token
+    host_usage: float  # fraction of host blocks in use
+    num_swapped_requests: int = 0
 
 
 class SchedulingPolicy(ABC):
     name: ClassVar[str]
     is_preempt_by_swap: ClassVar[bool] = False  # victims go to the host tier, else recompute
     is_eager_writeback: ClassVar[bool] = False  # copy full blocks to host shadows early
+
+    def __init__(self, config: SchedulerConfig | None = None) -> None:
+        self.config = config or SchedulerConfig()
 
     def order_running(self, running: Sequence[Request], now: float) -> list[Request]:
         """Order in which running requests get this step's tokens (default: admission)."""
@@ -35,6 +51,22 @@ class SchedulingPolicy(ABC):
     def pick_victim(self, running: Sequence[Request], now: float) -> Request | None:
         """The running request to preempt when memory runs short (None: none eligible)."""
 
+    def pick_admission_victim(
+        self, request: Request, running: Sequence[Request], now: float
+    ) -> Request | None:
+        """A running request that queued `request` may displace when it does not fit
+        (None, the default: it waits)."""
+        return None
+
+    def may_admit(self, request: Request, memory: MemoryState) -> bool:
+        """False holds `request` back this step while others may still be admitted."""
+        return True
+
+    def rotation_target(self, memory: MemoryState) -> int:
+        """Free device blocks to reach by rotating victims to the host tier before anything
+        else is scheduled (proactive rotation); 0, the default, rotates nothing."""
+        return 0
+
 
 def register_policy(name: str) -> Callable[[type[SchedulingPolicy]], type[SchedulingPolicy]]:
     def wrap(cls: type[SchedulingPolicy]) -> type[SchedulingPolicy]:
@@ -49,9 +81,9 @@ def available_policies() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def create_policy(name: str) -> SchedulingPolicy:
+def create_policy(name: str, config: SchedulerConfig | None = None) -> SchedulingPolicy:
     try:
-        return _REGISTRY[name]()
+        return _REGISTRY[name](config)
     except KeyError:
         raise ValueError(
             f"unknown scheduling policy {name!r}; choose one of {', '.join(available_policies())}"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from superinfer.core.policies.base import SchedulingPolicy, register_policy
-from superinfer.core.request import Request
+from superinfer.core.policies.base import MemoryState, SchedulingPolicy, register_policy
+from superinfer.core.request import Request, RequestStatus
 
 
 def by_arrival(requests: Sequence[Request]) -> list[Request]:
@@ -41,6 +41,9 @@ class FcfsSwap(SchedulingPolicy):
         self, waiting: Sequence[Request], swapped: Sequence[Request], now: float
     ) -> list[Request]:
         return by_arrival(swapped) + by_arrival(waiting)
+
+    def may_admit(self, request: Request, memory: MemoryState) -> bool:
+        return request.status is RequestStatus.SWAPPED or memory.num_swapped_requests == 0
 
     def pick_victim(self, running: Sequence[Request], now: float) -> Request | None:
         return last_admitted(running)
