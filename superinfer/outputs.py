@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from superinfer.slo import SLOTargets
+
 
 @dataclass
 class CompletionOutput:
@@ -26,6 +28,8 @@ class RequestMetrics:
     num_preemptions: int = 0
     num_swap_outs: int = 0
     num_cached_prompt_tokens: int = 0
+    token_times: list[float] = field(default_factory=list)  # when each output token was made
+    slo: SLOTargets = field(default_factory=SLOTargets)
 
 
 @dataclass

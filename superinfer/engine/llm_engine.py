@@ -28,6 +28,7 @@ from superinfer.engine.transfer import create_transfer_engine
 from superinfer.model.loader import load_model
 from superinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from superinfer.sampling_params import SamplingParams
+from superinfer.slo import SLOTargets
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +146,9 @@ class LLMEngine:
         request_id: str | None = None,
         arrival_time: float | None = None,
         priority: int = 0,
+        slo: SLOTargets | None = None,
     ) -> Request:
+        """Queue a request; `arrival_time` is on this engine's clock (default: now)."""
         params = params or SamplingParams()
         text, token_ids = self.tokenize(prompt)
         request = Request(
@@ -155,6 +158,7 @@ class LLMEngine:
             arrival_time=self.clock() if arrival_time is None else arrival_time,
             eos_token_ids=self.eos_token_ids,
             priority=priority,
+            slo=slo or SLOTargets(),
         )
         self.scheduler.add_request(request)
         detokenizer = IncrementalDetokenizer(self.tokenizer, params.stop, params.skip_special_tokens)
@@ -219,6 +223,8 @@ class LLMEngine:
             num_preemptions=request.num_preemptions,
             num_swap_outs=request.num_swap_outs,
             num_cached_prompt_tokens=request.num_cached_prompt_tokens,
+            token_times=list(request.output_token_times) if finish_reason else [],
+            slo=request.slo,
         )
         return RequestOutput(
             request.request_id, tracked.prompt, request.prompt_token_ids, [completion],
