@@ -22,6 +22,8 @@ def add_config_flags(parser: argparse.ArgumentParser, config_type: type, title: 
     """One `--flag-name` per dataclass field, with its default and help text."""
     group = parser.add_argument_group(title)
     for f in dataclasses.fields(config_type):
+        if not f.metadata.get("is_cli", True):
+            continue
         flag = "--" + f.name.replace("_", "-")
         help_text = f.metadata.get("help", "")
         base_type = str(f.type).split("|")[0].strip()
@@ -39,7 +41,8 @@ def add_config_flags(parser: argparse.ArgumentParser, config_type: type, title: 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     def part(config_type: type) -> Any:
-        return config_type(**{f.name: getattr(args, f.name) for f in dataclasses.fields(config_type)})
+        names = [f.name for f in dataclasses.fields(config_type) if f.metadata.get("is_cli", True)]
+        return config_type(**{name: getattr(args, name) for name in names})
 
     return EngineConfig(part(ModelConfig), part(CacheConfig), part(SchedulerConfig))
 

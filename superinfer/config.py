@@ -45,6 +45,14 @@ class SchedulerConfig:
     min_residency_tokens: int = opt(
         4, "ddps: tokens a (re)admitted request generates before it can be preempted again."
     )
+    class_reservations: dict[str, tuple[float, float]] = field(
+        default_factory=dict,
+        metadata={
+            "help": "SLO class -> (share of device KV blocks, share of the step token budget) "
+            "reserved for it, most important class first (set from --slo-config).",
+            "is_cli": False,
+        },
+    )
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
@@ -52,6 +60,9 @@ class SchedulerConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.rotation_budget is not None and self.rotation_budget < 0:
             raise ValueError("rotation_budget must be >= 0")
+        for name, (block_share, token_share) in self.class_reservations.items():
+            if not (0 <= block_share <= 1 and 0 <= token_share <= 1):
+                raise ValueError(f"class {name!r}: reserved shares must lie in [0, 1]")
         if self.ddps_margin < 1 or self.ddps_slack_scale <= 0 or self.min_residency_tokens < 0:
             raise ValueError("ddps_margin must be >= 1, ddps_slack_scale > 0, min_residency_tokens >= 0")
 

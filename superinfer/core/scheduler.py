@@ -16,6 +16,7 @@ from superinfer.core.kv.manager import TwoTierKVManager
 from superinfer.core.outputs import ModelOutput, RequestUpdate, ScheduledSequence, SchedulerOutput
 from superinfer.core.policies import MemoryState, SchedulingPolicy
 from superinfer.core.request import Request, RequestStatus
+from superinfer.core.reservations import ClassReservations
 
 
 @dataclass
@@ -30,9 +31,10 @@ class SchedulerStats:
 class _StepPlan:
     """Requests scheduled in the step being built, with their token counts."""
 
-    def __init__(self, token_budget: int) -> None:
+    def __init__(self, token_budget: int, reservations: ClassReservations) -> None:
         self.num_tokens: dict[str, int] = {}
         self.token_budget = token_budget
+        self.reservations = reservations
         self.swap_in_ids: list[int] = []
         self.preempted: list[str] = []
         self.swapped_out: list[str] = []
@@ -41,6 +43,15 @@ class _StepPlan:
     def add(self, request: Request, num_tokens: int) -> None:
         self.num_tokens[request.request_id] = num_tokens
         self.token_budget -= num_tokens
+        if self.reservations.is_enabled:
+            self.reservations.on_scheduled(request, num_tokens)
+
+    def num_tokens_for(self, request: Request) -> int:
+        """Tokens `request` may get now: what it lacks, within its share of the budget."""
+        budget = self.token_budget
+        if self.reservations.is_enabled:
+            budget -= self.reservations.num_tokens_kept(request)
+        return max(0, min(request.num_uncomputed_tokens, budget))
 
     def remove(self, request: Request) -> None:
         self.token_budget += self.num_tokens.pop(request.request_id, 0)
@@ -59,6 +70,9 @@ class Scheduler:
         self.running: list[Request] = []
         self.swapped: list[Request] = []
         self.stats = SchedulerStats()
+        self.reservations = ClassReservations(
+            config.class_reservations, kv.device.num_blocks, config.max_num_batched_tokens
+        )
         self._num_admissions = 0
         self._finished_ids: list[str] = []
 
@@ -118,7 +132,11 @@ class Scheduler:
     # --- one step -------------------------------------------------------------------------
     def schedule(self, now: float) -> SchedulerOutput:
         self.stats.num_steps += 1
-        plan = _StepPlan(self.config.max_num_batched_tokens)
+        plan = _StepPlan(self.config.max_num_batched_tokens, self.reservations)
+        if self.reservations.is_enabled:
+            self.reservations.begin_step(
+                self.running, self.requests.values(), self.kv.num_device_blocks_of
+            )
         self._rotate_proactively(plan, now)
         self._schedule_running(plan, now)
         if not plan.num_reactive_preemptions:
@@ -151,39 +169,57 @@ class Scheduler:
         for request in self.policy.order_running(self.running, now):
             if request.status is not RequestStatus.RUNNING or plan.token_budget <= 0:
                 continue
-            num_tokens = min(request.num_uncomputed_tokens, plan.token_budget)
-            if self._make_room(request, num_tokens, plan, now):
+            num_tokens = plan.num_tokens_for(request)
+            if num_tokens and self._make_room(request, num_tokens, plan, now):
                 self.kv.allocate_slots(request, num_tokens)
                 plan.add(request, num_tokens)
 
     def _make_room(self, request: Request, num_tokens: int, plan: _StepPlan, now: float) -> bool:
         """Preempt the policy's victims until `request` fits; False if it cannot run now."""
-        while not self.kv.can_allocate(request, num_tokens):
-            if self._is_room_coming(request, num_tokens):
+        num_keep_free = self._num_blocks_kept_free(request)
+        while not self.kv.can_allocate(request, num_tokens, num_keep_free):
+            if self._is_room_coming(request, num_tokens, num_keep_free):
                 return False  # blocks of earlier victims free up once their copies land
-            victim = self.policy.pick_victim(self.running, now) or request
+            victim = self.policy.pick_victim(self._displaceable_by(request), now) or request
             self._preempt(victim, plan, now)
             plan.num_reactive_preemptions += 1
             if victim is request:
                 return False
         return True
 
-    def _is_room_coming(self, request: Request, num_tokens: int) -> bool:
+    def _num_blocks_kept_free(self, request: Request) -> int:
+        if not self.reservations.is_enabled:
+            return 0
+        return self.reservations.num_blocks_kept_free(request)
+
+    def _displaceable_by(self, request: Request) -> list[Request]:
+        if not self.reservations.is_enabled:
+            return self.running
+        return [r for r in self.running if self.reservations.may_displace(request, r)]
+
+    def _is_room_coming(self, request: Request, num_tokens: int, num_keep_free: int) -> bool:
         device = self.kv.device
-        num_needed = self.kv.num_blocks_needed(request, num_tokens)
+        num_needed = self.kv.num_blocks_needed(request, num_tokens) + num_keep_free
         return device.num_quarantined_blocks > 0 and num_needed <= (
             device.num_free_blocks + device.num_quarantined_blocks
         )
 
     def _schedule_queue(self, plan: _StepPlan, now: float) -> None:
         memory = self.memory_state()
+        blocked_rank = None  # a request that does not fit blocks those of its class and below
         for request in self.policy.order_queue(self.waiting, self.swapped, now):
             if plan.token_budget <= 0:
                 break
+            rank = self.reservations.rank(request)
+            if blocked_rank is not None and rank >= blocked_rank:
+                continue
             if self._is_held_back(request, plan) or not self.policy.may_admit(request, memory):
                 continue
             if not self._admit_displacing(request, plan, now):
-                break
+                if rank == 0:
+                    break
+                blocked_rank = rank
+                continue
             self._queue_of(request).remove(request)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
@@ -203,7 +239,7 @@ class Scheduler:
     def _admit_displacing(self, request: Request, plan: _StepPlan, now: float) -> bool:
         """Admit `request`, displacing the policy's admission victims while it does not fit."""
         while not self._try_admit(request, plan):
-            victim = self.policy.pick_admission_victim(request, self.running, now)
+            victim = self.policy.pick_admission_victim(request, self._displaceable_by(request), now)
             if victim is None:
                 return False
             self._preempt(victim, plan, now)
@@ -218,8 +254,9 @@ class Scheduler:
             request.num_computed_tokens = self.kv.match_prefix(request)
             if request.num_output_tokens == 0 and request.num_preemptions == 0:
                 request.num_cached_prompt_tokens = request.num_computed_tokens
-        num_tokens = min(request.num_uncomputed_tokens, plan.token_budget)
-        if not self.kv.can_allocate(request, num_tokens):
+        num_tokens = plan.num_tokens_for(request)
+        num_keep_free = self._num_blocks_kept_free(request)
+        if not num_tokens or not self.kv.can_allocate(request, num_tokens, num_keep_free):
             self.kv.free(request)  # give back prefix hits; it stays waiting
             request.num_computed_tokens = 0
             return False
@@ -228,8 +265,9 @@ class Scheduler:
         return True
 
     def _try_swap_in(self, request: Request, plan: _StepPlan) -> bool:
-        num_tokens = min(request.num_uncomputed_tokens, plan.token_budget)
-        if not self.kv.can_swap_in(request, num_tokens):
+        num_tokens = plan.num_tokens_for(request)
+        num_keep_free = self._num_blocks_kept_free(request)
+        if not num_tokens or not self.kv.can_swap_in(request, num_tokens, num_keep_free):
             return False
         spec = self.kv.swap_in(request)
         if spec is not None:
