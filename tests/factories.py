@@ -98,3 +98,37 @@ def run_to_completion(
     scheduler.check_invariants()
     assert not scheduler.has_unfinished_requests, "did not finish"
     return outputs
+
+
+def run_pipelined(scheduler: Scheduler, max_steps: int = 10_000, abort_at: dict | None = None):
+    """Drive the scheduler like the pipelined engine: step k+1 is scheduled while step k
+    'computes' (between advance and fill), then pruned and launched. Invariants are checked
+    at every stage. `abort_at` maps a step number to request ids aborted mid-flight."""
+    pending: list[int] = []
+    inflight = None  # (output, model output) of the step being computed
+    now = 0.0
+    for step in range(max_steps):
+        if not scheduler.has_unfinished_requests and inflight is None:
+            break
+        scheduler.complete_transfers(pending)
+        pending = []
+        for request_id in (abort_at or {}).get(step, []):
+            scheduler.abort_request(request_id, now)
+        nxt = scheduler.schedule(now)
+        pending += [spec.transfer_id for spec in nxt.transfers]
+        scheduler.check_invariants()
+        if inflight is not None:
+            scheduler.fill(inflight[0], inflight[1], now)
+            scheduler.check_invariants()
+        scheduler.prune(nxt)
+        assert all(t >= 0 for seq in nxt.sequences for t in seq.token_ids)
+        model_output = fake_model_output(nxt)  # 'launch': the fake model needs only positions
+        scheduler.advance(nxt)
+        scheduler.check_invariants()
+        inflight = (nxt, model_output) if nxt.sequences else None
+        if inflight is None and nxt.is_empty:
+            scheduler.kv.end_step_fence()
+        now += 0.01
+    scheduler.complete_transfers(pending)
+    scheduler.check_invariants()
+    assert not scheduler.has_unfinished_requests, "did not finish"

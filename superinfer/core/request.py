@@ -14,6 +14,9 @@ from superinfer.sampling_params import SamplingParams
 from superinfer.slo import SLOTargets
 
 
+PLACEHOLDER = -1  # an output token whose value is still being sampled (pipelined steps)
+
+
 class RequestStatus(enum.Enum):
     WAITING = "waiting"  # never ran, or preempted by recompute (KV dropped)
     RUNNING = "running"  # KV in the device tier

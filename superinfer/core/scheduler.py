@@ -15,7 +15,7 @@ from superinfer.core.kv.errors import KVInvariantError
 from superinfer.core.kv.manager import TwoTierKVManager
 from superinfer.core.outputs import ModelOutput, RequestUpdate, ScheduledSequence, SchedulerOutput
 from superinfer.core.policies import MemoryState, SchedulingPolicy
-from superinfer.core.request import Request, RequestStatus
+from superinfer.core.request import PLACEHOLDER, Request, RequestStatus
 from superinfer.core.reservations import ClassReservations
 
 
@@ -169,6 +169,8 @@ class Scheduler:
         for request in self.policy.order_running(self.running, now):
             if request.status is not RequestStatus.RUNNING or plan.token_budget <= 0:
                 continue
+            if self._is_at_length_limit(request):
+                continue  # its last token is still being sampled; it finishes then
             num_tokens = plan.num_tokens_for(request)
             if num_tokens and self._make_room(request, num_tokens, plan, now):
                 self.kv.allocate_slots(request, num_tokens)
@@ -326,43 +328,82 @@ class Scheduler:
         )
 
     # --- after the forward ----------------------------------------------------------------
+    # A step is launched, then `advance` counts its tokens as computed and appends a
+    # PLACEHOLDER for each token being sampled; `fill` later writes the sampled values and
+    # applies the stop rules. Run back to back (`update_from_output`) that is one plain
+    # step; with the pipeline, the next step is scheduled between the two.
+
     def update_from_output(
         self, output: SchedulerOutput, model_output: ModelOutput, now: float
     ) -> list[RequestUpdate]:
         """Advance each scheduled request by its computed tokens and sampled token."""
-        updates = []
+        self.advance(output)
+        return self.fill(output, model_output, now)
+
+    def advance(self, output: SchedulerOutput) -> None:
+        """The step's forward is launched: count its tokens computed, hold sampled slots."""
+        self.kv.begin_step_fence()
         for seq in output.sequences:
-            request = self.requests.get(seq.request_id)
-            if request is None or request.status is not RequestStatus.RUNNING:
-                continue  # aborted while the step ran
+            request = self.requests[seq.request_id]
             request.num_computed_tokens += seq.num_query_tokens
             self.kv.on_tokens_computed(request)
             if seq.is_sampling:
-                updates.append(self._append_token(request, model_output, now))
+                request.output_token_ids.append(PLACEHOLDER)
+
+    def fill(
+        self, output: SchedulerOutput, model_output: ModelOutput, now: float
+    ) -> list[RequestUpdate]:
+        """The step's forward is done: write the sampled tokens and apply the stop rules."""
+        self.kv.end_step_fence()
+        updates = []
+        for seq in output.sequences:
+            request = self.requests.get(seq.request_id)
+            if request is None or not seq.is_sampling:
+                continue  # finished or aborted while the step ran
+            index = seq.num_context_tokens + seq.num_query_tokens - request.num_prompt_tokens
+            token = model_output.sampled_token_ids[request.request_id]
+            request.output_token_ids[index] = token
+            request.output_token_times.append(now)
+            status = self._stop_status(request, token)
+            if status is not None:
+                self._finish(request, status, now)
+            updates.append(
+                RequestUpdate(request.request_id, [token], status and status.finish_reason,
+                              request.stop_reason)
+            )  # fmt: skip
         return updates
 
-    def _append_token(self, request: Request, model_output: ModelOutput, now: float) -> RequestUpdate:
-        token = model_output.sampled_token_ids[request.request_id]
-        request.output_token_ids.append(token)
-        request.output_token_times.append(now)
-        status = self._stop_status(request, token)
-        if status is not None:
-            self._finish(request, status, now)
-        return RequestUpdate(
-            request.request_id, [token], request.status.finish_reason, request.stop_reason
-        )
+    def prune(self, output: SchedulerOutput) -> SchedulerOutput:
+        """Before launching a step scheduled ahead: drop requests that finished meanwhile
+        and put the sampled values in place of placeholders."""
+        kept = []
+        for seq in output.sequences:
+            request = self.requests.get(seq.request_id)
+            if request is None or request.status is not RequestStatus.RUNNING:
+                continue
+            if seq.token_ids[-1] == PLACEHOLDER:
+                seq.token_ids[-1] = request.token_id_at(seq.num_context_tokens + seq.num_query_tokens - 1)
+            kept.append(seq)
+        output.sequences = kept
+        return output
+
+    def _is_at_length_limit(self, request: Request) -> bool:
+        max_tokens = request.sampling_params.max_tokens
+        if max_tokens is not None and request.num_output_tokens >= max_tokens:
+            return True
+        return request.num_tokens >= self.config.max_model_len
 
     def _stop_status(self, request: Request, token: int) -> RequestStatus | None:
         params = request.sampling_params
+        if token == PLACEHOLDER:
+            raise KVInvariantError(f"request {request.request_id}: no sampled token")
         if request.num_output_tokens >= params.min_tokens:
             if not params.ignore_eos and token in request.eos_token_ids:
                 return RequestStatus.FINISHED_STOPPED
             if token in params.stop_token_ids:
                 request.stop_reason = token
                 return RequestStatus.FINISHED_STOPPED
-        if params.max_tokens is not None and request.num_output_tokens >= params.max_tokens:
-            return RequestStatus.FINISHED_LENGTH
-        if request.num_tokens >= self.config.max_model_len:
+        if self._is_at_length_limit(request):
             return RequestStatus.FINISHED_LENGTH
         return None
 

@@ -250,3 +250,17 @@ class KVMachine(RuleBasedStateMachine):
 
 TestKVMachine = KVMachine.TestCase
 TestKVMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+def test_blocks_freed_while_a_forward_runs_wait_for_it():
+    kv = make_kv(writeback=False)
+    request = make_request(num_prompt_tokens=10)
+    admit(kv, request)
+    num_free = kv.device.num_free_blocks
+    kv.begin_step_fence()
+    kv.free(request)
+    request.status = RequestStatus.FINISHED_ABORTED
+    kv.check_invariants([request])
+    assert kv.device.num_free_blocks == num_free  # still quarantined
+    kv.end_step_fence()
+    assert kv.device.num_free_blocks == kv.device.num_blocks

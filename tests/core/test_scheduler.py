@@ -178,3 +178,32 @@ def test_unknown_policy_names_the_choices():
     assert {"fcfs-recompute", "fcfs-swap"} <= set(available_policies())
     with pytest.raises(ValueError, match="fcfs-swap"):
         create_policy("nope")
+
+
+@pytest.mark.parametrize("policy", sorted(available_policies()))
+def test_pipelined_steps_give_the_same_outputs(policy):
+    from tests.factories import run_pipelined
+
+    reference, pipelined = workload(10), workload(10)
+    plain = make_scheduler(policy, num_device_blocks=256)
+    ahead = make_scheduler(policy, num_device_blocks=14)
+    for r in reference:
+        plain.add_request(r)
+    for r in pipelined:
+        ahead.add_request(r)
+    run_to_completion(plain)
+    run_pipelined(ahead)
+    assert outputs_of(pipelined) == outputs_of(reference)
+    assert ahead.kv.device.num_free_blocks == ahead.kv.device.num_blocks
+
+
+def test_pipelined_abort_mid_flight_quarantines_its_blocks():
+    from tests.factories import run_pipelined
+
+    s = make_scheduler("rotasched", num_device_blocks=20)
+    requests = workload(6)
+    for r in requests:
+        s.add_request(r)
+    run_pipelined(s, abort_at={3: ["q0", "q1"], 5: ["q4"]})
+    assert requests[0].status is RequestStatus.FINISHED_ABORTED
+    assert s.kv.device.num_free_blocks == s.kv.device.num_blocks

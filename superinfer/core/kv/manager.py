@@ -75,6 +75,8 @@ class TwoTierKVManager:
         self._inflight: dict[int, tuple[list[int], list[int]]] = {}  # id -> (device, host)
         self._planned: list[TransferSpec] = []
         self._writeback: list[tuple[int, int]] = []  # (device, host) pairs not yet in a spec
+        self.is_step_in_flight = False  # a forward may still read or write device blocks
+        self._fenced: list[int] = []  # device blocks freed while a forward was in flight
 
     # --- sizes ----------------------------------------------------------------------------
     def num_blocks_for(self, num_tokens: int) -> int:
@@ -133,6 +135,8 @@ class TwoTierKVManager:
         for i in range(len(table.block_hashes), num_full):
             parent = table.block_hashes[i - 1] if i else 0
             tokens = request.token_ids_slice(i * self.block_size, (i + 1) * self.block_size)
+            if min(tokens) < 0:  # a placeholder of a token still being sampled
+                return
             table.block_hashes.append(hash((parent, tuple(tokens))))
 
     # --- after a forward ------------------------------------------------------------------
@@ -241,6 +245,10 @@ class TwoTierKVManager:
 
     def _free_device(self, blocks: Iterable[int]) -> None:
         blocks = list(blocks)
+        if self.is_step_in_flight:  # quarantine what the running forward may still touch
+            released = [b for b in blocks if self.device.ref_counts[b] == 1]
+            self.device.begin_copy(released)
+            self._fenced += released
         self.device.free(blocks)
         for block in blocks:
             if self.device.ref_counts[block] == 0:
@@ -260,6 +268,16 @@ class TwoTierKVManager:
         self._inflight[spec.transfer_id] = (list(device), list(host))
         self._planned.append(spec)
         return spec
+
+    def begin_step_fence(self) -> None:
+        """A forward was launched: blocks freed from now on wait for `end_step_fence`."""
+        self.is_step_in_flight = True
+
+    def end_step_fence(self) -> None:
+        """The forward finished: release the blocks freed while it ran."""
+        self.is_step_in_flight = False
+        self.device.end_copy(self._fenced)
+        self._fenced = []
 
     def take_planned_transfers(self) -> list[TransferSpec]:
         """Specs planned since the last call, write-backs merged into one; the caller
@@ -316,6 +334,7 @@ class TwoTierKVManager:
 
     def _check_inflight(self) -> None:
         device_inflight: Counter[int] = Counter(d for d, _ in self._writeback)
+        device_inflight.update(self._fenced)
         host_inflight: Counter[int] = Counter(h for _, h in self._writeback)
         for device, host in self._inflight.values():
             device_inflight.update(device)

@@ -1,0 +1,63 @@
+"""A minimal stand-in for the engine: drives a model over a paged KV cache whose block
+tables hold shuffled, non-consecutive block ids."""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from superinfer.model.attention import AttentionMetadata, SeqEntry
+from superinfer.model.llama import LlamaForCausalLM
+
+
+class PagedRun:
+    def __init__(self, model: LlamaForCausalLM, num_blocks: int = 64, block_size: int = 8,
+                 seed: int = 0) -> None:
+        c = model.config
+        self.model, self.block_size = model, block_size
+        self.kv_cache = torch.zeros(
+            num_blocks, c.num_layers, 2, block_size, c.num_kv_heads, c.head_dim, dtype=model.dtype
+        )
+        self.free_blocks = list(range(num_blocks))
+        random.Random(seed).shuffle(self.free_blocks)
+        self.tokens: list[list[int]] = []
+        self.num_cached: list[int] = []
+        self.block_tables: list[list[int]] = []
+
+    def add(self, token_ids: Sequence[int]) -> int:
+        self.tokens.append(list(token_ids))
+        self.num_cached.append(0)
+        self.block_tables.append([])
+        return len(self.tokens) - 1
+
+    def clone(self) -> PagedRun:
+        twin = copy.copy(self)
+        twin.kv_cache = self.kv_cache.clone()
+        for name in ("free_blocks", "tokens", "num_cached", "block_tables"):
+            setattr(twin, name, copy.deepcopy(getattr(self, name)))
+        return twin
+
+    def entry(self, seq: int, num_query_tokens: int) -> SeqEntry:
+        num_tokens = self.num_cached[seq] + num_query_tokens
+        table = self.block_tables[seq]
+        while len(table) * self.block_size < num_tokens:
+            table.append(self.free_blocks.pop())
+        return SeqEntry(num_query_tokens, self.num_cached[seq], list(table))
+
+    def step(self, work: Sequence[tuple[int, int]], all_logits: bool = False) -> Tensor:
+        """Run (seq, num_query_tokens) pairs packed in one forward. Returns float32 logits of
+        each sequence's last token (S, V), or of every token (T, V) if `all_logits`."""
+        entries = [self.entry(seq, n) for seq, n in work]
+        input_ids = [t for (seq, n) in work
+                     for t in self.tokens[seq][self.num_cached[seq]:self.num_cached[seq] + n]]
+        meta = AttentionMetadata.build(entries, self.block_size, "cpu")
+        with torch.inference_mode():
+            hidden = self.model(torch.tensor(input_ids), meta.positions, self.kv_cache, meta)
+            logits = self.model.compute_logits(hidden if all_logits else hidden[meta.logits_indices])
+        for seq, n in work:
+            self.num_cached[seq] += n
+        return logits

@@ -1,0 +1,114 @@
+"""The default model against transformers' own implementation of the same GGUF file."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from tests.model.paged import PagedRun
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "Once upon a time, in a small village at the edge of a great forest, there lived an old "
+    "clockmaker who",
+    "Q: What is 12 times 7?\nA:",
+]
+
+pytestmark = pytest.mark.slow
+
+
+def _tokenize(smollm, prompts=PROMPTS) -> list[list[int]]:
+    return [smollm.tokenizer(p)["input_ids"] for p in prompts]
+
+
+def _reference_logits(hf_smollm, ids: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        return hf_smollm(torch.tensor([ids])).logits[0].float()  # (T, V)
+
+
+def _assert_close(logits: torch.Tensor, ref: torch.Tensor, rel: float = 1e-3) -> None:
+    scale = ref.abs().max().item()
+    assert (logits - ref).abs().max().item() < rel * scale
+    assert torch.equal(logits.argmax(-1), ref.argmax(-1))
+
+
+def test_packed_prompts_match_transformers(smollm, hf_smollm) -> None:
+    prompts = _tokenize(smollm)
+    assert len({len(p) for p in prompts}) == len(prompts)
+    run = PagedRun(smollm.model, num_blocks=64, block_size=8)
+    seqs = [run.add(p) for p in prompts]
+    logits = run.step([(s, len(p)) for s, p in zip(seqs, prompts)], all_logits=True)
+    for rows, ids in zip(logits.split([len(p) for p in prompts]), prompts):
+        _assert_close(rows, _reference_logits(hf_smollm, ids))
+
+
+def _chunked_greedy(run: PagedRun, prompts: list[list[int]], plans: list[list[int]],
+                    num_new_tokens: int) -> list[list[int]]:
+    """Prefill each prompt in the chunks of its plan (one chunk per step, 0 = idle, -1 = the
+    rest), then decode greedily; sequences in different phases share steps."""
+    seqs = [run.add(p) for p in prompts]
+    generated: list[list[int]] = [[] for _ in prompts]
+    step = 0
+    while any(len(g) < num_new_tokens for g in generated):
+        work = []
+        for seq, prompt, plan in zip(seqs, prompts, plans):
+            remaining = len(prompt) - run.num_cached[seq]
+            if remaining > 0:
+                size = plan[step] if step < len(plan) else -1
+                if size != 0:
+                    work.append((seq, remaining if size < 0 else min(size, remaining)))
+            elif len(generated[seq]) < num_new_tokens:
+                work.append((seq, 1))
+        logits = run.step(work)
+        for (seq, _), row in zip(work, logits):
+            if run.num_cached[seq] == len(run.tokens[seq]):  # sampled a new token
+                token = int(row.argmax())
+                generated[seq].append(token)
+                run.tokens[seq].append(token)
+        step += 1
+    return generated
+
+
+def test_chunked_prefill_and_batched_decode_match_generate(smollm, hf_smollm) -> None:
+    prompts = _tokenize(smollm)[1:]
+    plans = [[13, 9, -1], [0, 7, 11, -1], [5, 0, -1]]
+    ours = _chunked_greedy(PagedRun(smollm.model, 64, 8, seed=1), prompts, plans, 16)
+    for ids, tokens in zip(prompts, ours):
+        with torch.inference_mode():
+            out = hf_smollm.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False,
+                                     min_new_tokens=16, pad_token_id=0)
+        assert tokens == out[0, len(ids):].tolist()
+
+
+def test_mixed_step_equals_separate_steps(smollm) -> None:
+    prompts = _tokenize(smollm)
+    run = PagedRun(smollm.model, num_blocks=64, block_size=8, seed=2)
+    seqs = [run.add(p + [42]) for p in prompts]  # the extra token is decoded below
+    prefill_seq = seqs[2]
+    run.step([(s, len(p)) for s, p in zip(seqs, prompts) if s != prefill_seq])
+    run.step([(prefill_seq, 11)])  # part of its prompt is cached before the mixed step
+    # decode rows around one prefill chunk: the decode tokens are not contiguous
+    work = [(seqs[0], 1), (prefill_seq, 9), (seqs[1], 1), (seqs[3], 1)]
+    separate = run.clone()
+    mixed = run.step(work)
+    alone = torch.cat([separate.step([w]) for w in work])
+    _assert_close(mixed, alone, rel=1e-5)
+    torch.testing.assert_close(run.kv_cache, separate.kv_cache, rtol=1e-5, atol=1e-5)
+
+
+def test_bfloat16_agrees_with_float32(smollm, hf_smollm) -> None:
+    model16 = copy.deepcopy(smollm.model).to(torch.bfloat16)
+    prompts = _tokenize(smollm)
+    run = PagedRun(model16, num_blocks=64, block_size=16)
+    seqs = [run.add(p) for p in prompts]
+    logits = run.step([(s, len(p)) for s, p in zip(seqs, prompts)])
+    assert logits.dtype == torch.float32
+    for row, ids in zip(logits, prompts):
+        ref = _reference_logits(hf_smollm, ids)[-1]
+        assert row.argmax() == ref.argmax()
+        assert torch.cosine_similarity(row, ref, dim=0) > 0.99
+    decoded = run.step([(s, 1) for s in seqs if run.tokens[s].append(0) is None])
+    assert torch.isfinite(decoded).all()
