@@ -45,6 +45,11 @@ class SchedulerConfig:
     min_residency_tokens: int = opt(
         4, "ddps: tokens a (re)admitted request generates before it can be preempted again."
     )
+    pipeline: bool = opt(
+        True,
+        "Schedule step k+1 and run its KV copies while step k computes (off: one step at a "
+        "time, for comparison).",
+    )
     class_reservations: dict[str, tuple[float, float]] = field(
         default_factory=dict,
         metadata={

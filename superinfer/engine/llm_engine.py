@@ -10,6 +10,7 @@ import itertools
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -17,7 +18,7 @@ import torch
 
 from superinfer.config import EngineConfig
 from superinfer.core.kv.manager import TwoTierKVManager
-from superinfer.core.outputs import RequestUpdate, SchedulerOutput
+from superinfer.core.outputs import ModelOutput, RequestUpdate, SchedulerOutput
 from superinfer.core.policies import create_policy
 from superinfer.core.request import Request, RequestStatus
 from superinfer.core.scheduler import Scheduler
@@ -80,6 +81,7 @@ class LLMEngine:
             eos_token_ids=self.eos_token_ids, seed=config.model.seed, transfer=self.transfer,
         )  # fmt: skip
         self._tracked: dict[str, _Tracked] = {}
+        self._inflight: tuple[SchedulerOutput, Future[ModelOutput]] | None = None
         self._request_ids = itertools.count()
         logger.info(
             "engine ready: %s on %s (%s), %d device blocks, %d host blocks, policy %s",
@@ -170,24 +172,53 @@ class LLMEngine:
         self._tracked.pop(request_id, None)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests
+        return self.scheduler.has_unfinished_requests or self._inflight is not None
 
     # --- the step -------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """One scheduler step; returns the outputs of requests that advanced."""
+        if self.config.scheduler.pipeline:
+            return self._step_pipelined()
         self.scheduler.complete_transfers(self.transfer.poll_finished())
         output = self.scheduler.schedule(self.clock())
         self._move_kv(output)
         model_output = self.runner.execute(output)
         updates = self.scheduler.update_from_output(output, model_output, self.clock())
-        if self.config.check_invariants:
-            self.scheduler.check_invariants()
-        return [self._process(update) for update in updates]
+        return self._processed(updates)
+
+    def _step_pipelined(self) -> list[RequestOutput]:
+        """Schedule step k+1 and start its copies while step k computes, then finish step k
+        and launch step k+1."""
+        self.scheduler.complete_transfers(self.transfer.poll_finished())
+        output = self.scheduler.schedule(self.clock())
+        for spec in output.transfers:
+            self.transfer.submit(spec)
+        updates = self._finish_inflight()
+        self.scheduler.prune(output)
+        if output.swap_in_transfer_ids:
+            self.transfer.wait(output.swap_in_transfer_ids)
+        if output.sequences or output.finished_request_ids:
+            self._inflight = (output, self.runner.launch(output))
+            self.scheduler.advance(output)
+        return self._processed(updates)
+
+    def _finish_inflight(self) -> list[RequestUpdate]:
+        if self._inflight is None:
+            return []
+        output, future = self._inflight
+        self._inflight = None
+        return self.scheduler.fill(output, future.result(), self.clock())
 
     def _move_kv(self, output: SchedulerOutput) -> None:
         for spec in output.transfers:
             self.transfer.submit(spec)
         if output.swap_in_transfer_ids:
             self.transfer.wait(output.swap_in_transfer_ids)
+
+    def _processed(self, updates: list[RequestUpdate]) -> list[RequestOutput]:
+        if self.config.check_invariants:
+            self.scheduler.check_invariants()
+        return [self._process(update) for update in updates]
 
     def _process(self, update: RequestUpdate) -> RequestOutput:
         tracked = self._tracked[update.request_id]
@@ -233,4 +264,10 @@ class LLMEngine:
         )  # fmt: skip
 
     def close(self) -> None:
+        """Finish the step in flight and stop the worker threads."""
+        if self._inflight is not None:
+            self._inflight[1].result()
+            self._inflight = None
+            self.scheduler.kv.end_step_fence()
+        self.runner.close()
         self.transfer.close()

@@ -1,14 +1,23 @@
 """Runs one scheduled batch through the model and samples. It sees only the batch: no
-queues, policies or SLOs."""
+queues, policies or SLOs.
+
+`execute` runs a step to the end. `launch` starts one and returns a future, so the engine
+can schedule the next step meanwhile: on a CPU the forward runs on a worker thread and
+sets a fence when done (device->host copies of the blocks it wrote wait for the fence);
+on CUDA the forward is queued on the stream from the calling thread, an event is recorded
+behind it, and only sampling's wait for the result happens on the worker thread.
+"""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 from torch import nn
 
-from superinfer.core.outputs import ModelOutput, SchedulerOutput
+from superinfer.core.outputs import ModelOutput, ScheduledSequence, SchedulerOutput
 from superinfer.engine.kv_cache import KVCacheTiers
 from superinfer.engine.sampler import Sampler
 from superinfer.model.attention import AttentionMetadata, SeqEntry
@@ -30,26 +39,70 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.sampler = Sampler(device, eos_token_ids, seed)
-        self.transfer = transfer  # told when a forward was launched (orders D2H copies)
+        self.transfer = transfer  # told when a forward is launched (orders D2H copies)
+        self._worker: ThreadPoolExecutor | None = None
 
-    @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> ModelOutput:
-        self.sampler.forget(output.finished_request_ids)
-        if output.is_empty:
-            return ModelOutput({})
-        seqs = output.sequences
+        """Run the step and return its sampled tokens."""
+        with torch.inference_mode():
+            self.sampler.forget(output.finished_request_ids)
+            if output.is_empty:
+                return ModelOutput({})
+            hidden, meta = self._forward(output.sequences)
+            if self.transfer is not None:
+                self.transfer.record_compute()
+            return self._sample(output.sequences, hidden, meta)
+
+    def launch(self, output: SchedulerOutput) -> Future[ModelOutput]:
+        """Start the step; the future holds its sampled tokens."""
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(1, thread_name_prefix="superinfer-runner")
+        if self.device.type == "cuda":
+            with torch.inference_mode():
+                hidden, meta = self._forward(output.sequences) if not output.is_empty else (None, None)
+            if self.transfer is not None:
+                self.transfer.record_compute()
+            return self._worker.submit(self._finish, output, hidden, meta)
+        fence = threading.Event()
+        if self.transfer is not None:
+            self.transfer.record_compute(fence)
+        return self._worker.submit(self._run_fenced, output, fence)
+
+    def _run_fenced(self, output: SchedulerOutput, fence: threading.Event) -> ModelOutput:
+        try:
+            with torch.inference_mode():
+                hidden, meta = self._forward(output.sequences) if not output.is_empty else (None, None)
+        finally:
+            fence.set()  # also on failure, so queued copies do not hang
+        return self._finish(output, hidden, meta)
+
+    def _finish(self, output: SchedulerOutput, hidden, meta) -> ModelOutput:
+        with torch.inference_mode():
+            self.sampler.forget(output.finished_request_ids)
+            if hidden is None:
+                return ModelOutput({})
+            return self._sample(output.sequences, hidden, meta)
+
+    def _forward(self, seqs: list[ScheduledSequence]) -> tuple[torch.Tensor, AttentionMetadata]:
         entries = [SeqEntry(s.num_query_tokens, s.num_context_tokens, s.block_table) for s in seqs]
         meta = AttentionMetadata.build(entries, self.block_size, self.device)
         token_ids = [t for s in seqs for t in s.token_ids]
-        input_ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
-        hidden = self.model(input_ids, meta.positions, self.kv.device, meta)
-        if self.transfer is not None:
-            self.transfer.record_compute()
+        input_ids = torch.tensor(token_ids, dtype=torch.long).to(self.device, non_blocking=True)
+        return self.model(input_ids, meta.positions, self.kv.device, meta), meta
+
+    def _sample(
+        self, seqs: list[ScheduledSequence], hidden: torch.Tensor, meta: AttentionMetadata
+    ) -> ModelOutput:
         sampling = [i for i, s in enumerate(seqs) if s.is_sampling]
         if not sampling:
             return ModelOutput({})
-        rows = meta.logits_indices[sampling] if len(sampling) < len(seqs) else meta.logits_indices
+        rows = meta.logits_indices if len(sampling) == len(seqs) else meta.logits_indices[sampling]
         logits = self.model.compute_logits(hidden[rows])
         sampling_seqs = [seqs[i] for i in sampling]
         tokens = self.sampler(logits, sampling_seqs)
         return ModelOutput({s.request_id: t for s, t in zip(sampling_seqs, tokens)})
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
+            self._worker = None
