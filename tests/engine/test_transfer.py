@@ -322,6 +322,26 @@ def test_stats_count_blocks_bytes_calls_and_time() -> None:
     assert stats.h2d.num_transfers == stats.h2d.num_bytes == 0
 
 
+def test_device_to_host_copies_wait_for_the_recorded_compute_fence() -> None:
+    kv = make_tiers()
+    with CpuTransferEngine(kv) as engine:
+        fence = threading.Event()
+        engine.record_compute(fence)  # a forward is running on another thread
+        out = spec(Direction.D2H, [0, 1], [2, 3])
+        back = spec(Direction.H2D, [5], [6])
+        engine.submit(out)
+        engine.submit(back)
+        assert poll_until(engine, {back.transfer_id}) == [back.transfer_id]
+        time.sleep(0.05)
+        assert out.transfer_id not in engine.poll_finished()  # held until the forward ends
+        fence.set()
+        engine.wait([out.transfer_id])
+        engine.record_compute(None)
+        later = spec(Direction.D2H, [4], [7])
+        engine.submit(later)
+        engine.wait([later.transfer_id])  # no fence: runs at once
+
+
 def test_create_transfer_engine_picks_cpu_and_checks_the_mode() -> None:
     kv = make_tiers()
     for mode in MODES:
