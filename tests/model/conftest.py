@@ -1,6 +1,10 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -8,12 +12,32 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from superinfer.model.loader import LoadedModel, default_model_path, load_model  # noqa: E402
+from tests.model.tiny import save_tiny, tiny_llama_config, tiny_qwen2_config  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def tokenizer_cache() -> Iterator[str]:
+    """A private tokenizer cache for the session: tests never write to ~/.cache."""
+    directory = tempfile.mkdtemp(prefix="superinfer-test-cache-")
+    previous = os.environ.get("SUPERINFER_CACHE_DIR")
+    os.environ["SUPERINFER_CACHE_DIR"] = directory
+    yield directory
+    if previous is None:
+        del os.environ["SUPERINFER_CACHE_DIR"]
+    else:
+        os.environ["SUPERINFER_CACHE_DIR"] = previous
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
 def smollm() -> LoadedModel:
     """The default model (SmolLM2-135M-Instruct GGUF), float32 on CPU, loaded once."""
     return load_model(None, torch.float32, torch.device("cpu"))
+
+
+@pytest.fixture(scope="session")
+def smollm_bf16() -> LoadedModel:
+    return load_model(None, torch.bfloat16, torch.device("cpu"))
 
 
 @pytest.fixture(scope="session")
@@ -24,3 +48,15 @@ def hf_smollm() -> torch.nn.Module:
     directory, filename = os.path.split(default_model_path())
     model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=filename, dtype=torch.float32)
     return model.eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> Path:
+    """A tiny random Llama (llama3 RoPE scaling, untied) saved as a Hugging Face directory."""
+    return save_tiny(tmp_path_factory.mktemp("tiny_llama"), tiny_llama_config(), seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2(tmp_path_factory) -> Path:
+    """A tiny random Qwen2 (q/k/v bias, tied embeddings) saved as a Hugging Face directory."""
+    return save_tiny(tmp_path_factory.mktemp("tiny_qwen2"), tiny_qwen2_config(), seed=1)

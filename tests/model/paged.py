@@ -19,8 +19,10 @@ class PagedRun:
                  seed: int = 0) -> None:
         c = model.config
         self.model, self.block_size = model, block_size
+        self.device = model.model.embed_tokens.weight.device
         self.kv_cache = torch.zeros(
-            num_blocks, c.num_layers, 2, block_size, c.num_kv_heads, c.head_dim, dtype=model.dtype
+            num_blocks, c.num_layers, 2, block_size, c.num_kv_heads, c.head_dim,
+            dtype=model.dtype, device=self.device,
         )
         self.free_blocks = list(range(num_blocks))
         random.Random(seed).shuffle(self.free_blocks)
@@ -54,10 +56,22 @@ class PagedRun:
         entries = [self.entry(seq, n) for seq, n in work]
         input_ids = [t for (seq, n) in work
                      for t in self.tokens[seq][self.num_cached[seq]:self.num_cached[seq] + n]]
-        meta = AttentionMetadata.build(entries, self.block_size, "cpu")
+        meta = AttentionMetadata.build(entries, self.block_size, self.device)
         with torch.inference_mode():
-            hidden = self.model(torch.tensor(input_ids), meta.positions, self.kv_cache, meta)
-            logits = self.model.compute_logits(hidden if all_logits else hidden[meta.logits_indices])
+            input_ids = torch.tensor(input_ids, device=self.device)
+            hidden = self.model(input_ids, meta.positions, self.kv_cache, meta)
+            rows = hidden if all_logits else hidden[meta.logits_indices]
+            logits = self.model.compute_logits(rows)
         for seq, n in work:
             self.num_cached[seq] += n
-        return logits
+        return logits.cpu()
+
+    def greedy(self, prompt: Sequence[int], num_new_tokens: int) -> list[int]:
+        """Prefill `prompt` in one step, then decode greedily one token per step."""
+        seq = self.add(prompt)
+        out, logits = [], self.step([(seq, len(prompt))])
+        for _ in range(num_new_tokens):
+            out.append(int(logits[0].argmax()))
+            self.tokens[seq].append(out[-1])
+            logits = self.step([(seq, 1)])
+        return out

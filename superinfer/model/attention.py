@@ -1,0 +1,255 @@
+"""Paged attention over a block-first KV cache, and the per-step metadata it needs.
+
+The KV cache of the device tier is ONE tensor
+
+    kv_cache: (num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim)   # 0 = K, 1 = V
+
+so a block over all layers is one contiguous chunk. The tokens of one step are packed back
+to back, sequence after sequence. Each layer first writes the K/V of every query token into
+its slot, then attends:
+
+- decode sequences (one query token) together, in ONE call per layer: their blocks are
+  gathered into a (B, kv_heads, max_len, head_dim) batch and padding is masked;
+- prefill chunks (several query tokens) one call each, causal with an offset when part of
+  the sequence is already cached.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class SeqEntry:
+    """One sequence of a step, in packing order.
+
+    Its query tokens sit at positions num_context_tokens .. num_tokens - 1; the KV of the
+    first num_context_tokens is already cached. `block_table` covers at least num_tokens.
+    """
+
+    num_query_tokens: int
+    num_context_tokens: int
+    block_table: Sequence[int]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_context_tokens + self.num_query_tokens
+
+
+@dataclass
+class DecodeBatch:
+    """The sequences of a step that have exactly one query token."""
+
+    tokens: slice | Tensor  # their rows in the packed step (a slice when contiguous)
+    block_ids: Tensor  # (B * max_blocks,) block tables, padded with block 0
+    mask: Tensor  # (B, 1, 1, max_blocks * block_size) True for keys to attend to
+    _bias: Tensor | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def num_seqs(self) -> int:
+        return self.mask.shape[0]
+
+    def attn_bias(self, dtype: torch.dtype) -> Tensor:
+        """`mask` as an additive bias (0 or -inf), made once per step rather than by
+        scaled_dot_product_attention in every layer."""
+        if self._bias is None or self._bias.dtype != dtype:
+            bias = torch.zeros(self.mask.shape, dtype=dtype, device=self.mask.device)
+            self._bias = bias.masked_fill_(~self.mask, float("-inf"))
+        return self._bias
+
+
+@dataclass
+class PrefillChunk:
+    """A sequence with several query tokens. Without cached context (block_ids None) it
+    attends causally to its own keys; otherwise to its gathered blocks under `mask`."""
+
+    tokens: slice  # its rows in the packed step
+    block_ids: Tensor | None  # (num_blocks,)
+    mask: Tensor | None  # (num_query_tokens, num_blocks * block_size)
+
+
+@dataclass
+class AttentionMetadata:
+    """Everything the layers need to know about how a step's tokens are packed."""
+
+    positions: Tensor  # (T,) position of each token in its sequence
+    slot_blocks: Tensor  # (T,) cache block that receives each token's K/V
+    slot_offsets: Tensor  # (T,) offset inside that block
+    logits_indices: Tensor  # (S,) row of each sequence's last token
+    decode: DecodeBatch | None
+    prefills: list[PrefillChunk]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.positions.shape[0]
+
+    @classmethod
+    def build(
+        cls, entries: Sequence[SeqEntry], block_size: int, device: torch.device | str
+    ) -> AttentionMetadata:
+        """Metadata for `entries` packed in the given order, with tensors on `device`."""
+        _check_entries(entries, block_size)
+        starts = _token_starts(entries)
+        positions = [p for e in entries for p in range(e.num_context_tokens, e.num_tokens)]
+        blocks = [e.block_table[p // block_size] for e in entries
+                  for p in range(e.num_context_tokens, e.num_tokens)]
+        offsets = [p % block_size for p in positions]
+        logits_indices = [s + e.num_query_tokens - 1 for s, e in zip(starts, entries)]
+        per_token = torch.tensor([positions, blocks, offsets], dtype=torch.long).to(device)
+        return cls(
+            positions=per_token[0],
+            slot_blocks=per_token[1],
+            slot_offsets=per_token[2],
+            logits_indices=torch.tensor(logits_indices, dtype=torch.long).to(device),
+            decode=_decode_batch(entries, starts, block_size, device),
+            prefills=[_prefill_chunk(e, s, block_size, device)
+                      for e, s in zip(entries, starts) if e.num_query_tokens > 1],
+        )
+
+
+def _check_entries(entries: Sequence[SeqEntry], block_size: int) -> None:
+    if not entries:
+        raise ValueError("a step needs at least one sequence")
+    for e in entries:
+        if e.num_query_tokens < 1 or e.num_context_tokens < 0:
+            raise ValueError(f"bad token counts in {e}")
+        if len(e.block_table) * block_size < e.num_tokens:
+            raise ValueError(f"block table too short for {e.num_tokens} tokens: {e}")
+
+
+def _token_starts(entries: Sequence[SeqEntry]) -> list[int]:
+    starts, start = [], 0
+    for e in entries:
+        starts.append(start)
+        start += e.num_query_tokens
+    return starts
+
+
+def _num_blocks(num_tokens: int, block_size: int) -> int:
+    return -(-num_tokens // block_size)
+
+
+def _decode_batch(
+    entries: Sequence[SeqEntry], starts: list[int], block_size: int, device: torch.device | str
+) -> DecodeBatch | None:
+    rows = [i for i, e in enumerate(entries) if e.num_query_tokens == 1]
+    if not rows:
+        return None
+    seqs = [entries[i] for i in rows]
+    token_rows = [starts[i] for i in rows]
+    max_blocks = max(_num_blocks(e.num_tokens, block_size) for e in seqs)
+    block_ids = [list(e.block_table[:max_blocks]) + [0] * (max_blocks - len(e.block_table))
+                 for e in seqs]
+    lengths = torch.tensor([e.num_tokens for e in seqs])
+    mask = torch.arange(max_blocks * block_size) < lengths.unsqueeze(1)  # (B, N)
+    contiguous = token_rows[-1] - token_rows[0] == len(token_rows) - 1
+    tokens = (slice(token_rows[0], token_rows[-1] + 1) if contiguous
+              else torch.tensor(token_rows, device=device))
+    return DecodeBatch(
+        tokens=tokens,
+        block_ids=torch.tensor(block_ids, dtype=torch.long).view(-1).to(device),
+        mask=mask.view(len(seqs), 1, 1, -1).to(device),
+    )
+
+
+def _prefill_chunk(
+    entry: SeqEntry, start: int, block_size: int, device: torch.device | str
+) -> PrefillChunk:
+    tokens = slice(start, start + entry.num_query_tokens)
+    if entry.num_context_tokens == 0:
+        return PrefillChunk(tokens, None, None)
+    num_blocks = _num_blocks(entry.num_tokens, block_size)
+    block_ids = torch.tensor(entry.block_table[:num_blocks], dtype=torch.long)
+    query_pos = torch.arange(entry.num_context_tokens, entry.num_tokens).unsqueeze(1)
+    mask = torch.arange(num_blocks * block_size) <= query_pos  # (Tq, N) causal with offset
+    return PrefillChunk(tokens, block_ids.to(device), mask.to(device))
+
+
+class GatherWorkspace:
+    """Memory for gathered K/V blocks, reused by every layer and step (so one forward at a
+    time per workspace). On CPU a fresh multi-MB tensor per layer costs page faults that
+    take longer than the copy itself."""
+
+    def __init__(self) -> None:
+        self._buffer: Tensor | None = None
+
+    def take(self, shape: tuple[int, ...], like: Tensor) -> tuple[Tensor, Tensor]:
+        """Two uninitialised tensors of `shape` with the dtype and device of `like`."""
+        numel = 2 * math.prod(shape)
+        buffer = self._buffer
+        if (buffer is None or buffer.numel() < numel or buffer.dtype != like.dtype
+                or buffer.device != like.device):
+            buffer = self._buffer = torch.empty(numel, dtype=like.dtype, device=like.device)
+        k, v = buffer[:numel].view(2, *shape).unbind(0)
+        return k, v
+
+
+def paged_attention(
+    q: Tensor, k: Tensor, v: Tensor, kv_cache: Tensor, layer: int, meta: AttentionMetadata,
+    workspace: GatherWorkspace | None = None,
+) -> Tensor:
+    """Cache k/v of the step's tokens, then attend. q (T, H, D), k/v (T, Hkv, D) -> (T, H, D)."""
+    write_kv(kv_cache, layer, k, v, meta)
+    workspace = workspace or GatherWorkspace()
+    parts = [(p.tokens, _prefill_attention(q, k, v, kv_cache, layer, p, workspace))
+             for p in meta.prefills]
+    if meta.decode is not None:
+        o = _decode_attention(q, kv_cache, layer, meta.decode, workspace)
+        parts.append((meta.decode.tokens, o))
+    if len(parts) == 1:  # one group holds every token, in order
+        return parts[0][1]
+    out = q.new_empty(q.shape)
+    for tokens, o in parts:
+        out[tokens] = o
+    return out
+
+
+def write_kv(kv_cache: Tensor, layer: int, k: Tensor, v: Tensor, meta: AttentionMetadata) -> None:
+    """Store k/v (T, Hkv, D) of each token in its cache slot of `layer`."""
+    kv_cache[meta.slot_blocks, layer, :, meta.slot_offsets] = torch.stack((k, v), 1)
+
+
+def _gather(
+    kv_cache: Tensor, layer: int, block_ids: Tensor, num_seqs: int, workspace: GatherWorkspace
+) -> tuple[Tensor, Tensor]:
+    """K and V of the given blocks of `layer`, each as (B, Hkv, N, D)."""
+    block_shape = kv_cache.shape[-3:]  # (bs, Hkv, D)
+    k, v = workspace.take((block_ids.shape[0], *block_shape), kv_cache)  # (B * nb, bs, Hkv, D)
+    torch.index_select(kv_cache[:, layer, 0], 0, block_ids, out=k)
+    torch.index_select(kv_cache[:, layer, 1], 0, block_ids, out=v)
+    k, v = (x.view(num_seqs, -1, *block_shape[1:]).transpose(1, 2) for x in (k, v))
+    return k, v
+
+
+def _decode_attention(
+    q: Tensor, kv_cache: Tensor, layer: int, batch: DecodeBatch, workspace: GatherWorkspace
+) -> Tensor:
+    """One query token per sequence: (T, H, D) -> (B, H, D)."""
+    num_seqs, num_kv_heads, head_dim = batch.num_seqs, kv_cache.shape[-2], kv_cache.shape[-1]
+    k, v = _gather(kv_cache, layer, batch.block_ids, num_seqs, workspace)  # (B, Hkv, N, D)
+    # the query heads that share a kv head become that head's query rows: no k/v repeat
+    q = q[batch.tokens].view(num_seqs, num_kv_heads, -1, head_dim)  # (B, Hkv, H/Hkv, D)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=batch.attn_bias(q.dtype))
+    return o.reshape(num_seqs, -1, head_dim)  # a copy only where SDPA returns another layout
+
+
+def _prefill_attention(
+    q: Tensor, k: Tensor, v: Tensor, kv_cache: Tensor, layer: int, chunk: PrefillChunk,
+    workspace: GatherWorkspace,
+) -> Tensor:
+    """Several query tokens of one sequence: (T, H, D) -> (Tq, H, D)."""
+    q = q[chunk.tokens].transpose(0, 1).unsqueeze(0)  # (1, H, Tq, D)
+    if chunk.block_ids is None:  # no cached context: the chunk's own keys suffice
+        k = k[chunk.tokens].transpose(0, 1).unsqueeze(0)  # (1, Hkv, Tq, D)
+        v = v[chunk.tokens].transpose(0, 1).unsqueeze(0)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    else:
+        k, v = _gather(kv_cache, layer, chunk.block_ids, 1, workspace)  # (1, Hkv, N, D)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=chunk.mask, enable_gqa=True)
+    return o.squeeze(0).transpose(0, 1)  # (Tq, H, D)

@@ -1,0 +1,103 @@
+"""Read a llama.cpp GGUF file: its config, and its weights dequantized under HF names."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import torch
+from gguf import GGUFReader, ReaderTensor
+from gguf.quants import dequantize
+from torch import Tensor
+
+from superinfer.model.config import ModelConfig
+
+_TOP_LEVEL_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_ROPE_FREQS = "rope_freqs.weight"
+
+
+class GGUFCheckpoint:
+    """A GGUF file opened for reading (memory-mapped)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.reader = GGUFReader(path)
+        self.tensors = {t.name: t for t in self.reader.tensors}
+
+    def metadata(self) -> dict[str, Any]:
+        """Key/values as plain Python values, without the tokenizer's vocabulary arrays."""
+        out = {}
+        for key, field in self.reader.fields.items():
+            vocabulary = key.startswith("tokenizer.ggml.") and not key.endswith("_token_id")
+            if not vocabulary:
+                out[key] = field.contents()
+        return out
+
+    def config(self) -> ModelConfig:
+        metadata = self.metadata()
+        arch = metadata.get("general.architecture")
+        metadata.setdefault(f"{arch}.vocab_size", self._num_rows("token_embd.weight"))
+        factors = None
+        if _ROPE_FREQS in self.tensors:
+            factors = _dequantize(self.tensors[_ROPE_FREQS]).tolist()
+        return ModelConfig.from_gguf_metadata(metadata, self.tensors.keys(), factors)
+
+    @property
+    def interleaved_qk(self) -> bool:
+        """llama.cpp permutes the q/k rows of Llama-style models so that RoPE rotates
+        interleaved pairs (2i, 2i + 1), not HF's halves (i, i + D/2); not those of Qwen2."""
+        return self.reader.fields["general.architecture"].contents() in ("llama", "mistral")
+
+    def weights(self, num_threads: int = 2) -> Iterator[tuple[str, Tensor]]:
+        """(HF name, float32 tensor) pairs, q/k rows as stored (see `interleaved_qk`).
+
+        Dequantizes on `num_threads` threads (numpy releases the GIL), a few tensors ahead.
+        """
+        tensors = [t for name, t in self.tensors.items() if name != _ROPE_FREQS]
+        pending: deque[tuple[str, Future[np.ndarray]]] = deque()
+        with ThreadPoolExecutor(num_threads) as pool:
+            for i, t in enumerate(tensors):
+                pending.append((t.name, pool.submit(_dequantize, t)))
+                while pending and (len(pending) > 2 * num_threads or i == len(tensors) - 1):
+                    gguf_name, future = pending.popleft()
+                    yield hf_name(gguf_name), torch.from_numpy(future.result())
+
+    def _num_rows(self, name: str) -> int:
+        return int(self.tensors[name].shape[-1])  # GGUF lists dims innermost first
+
+
+def hf_name(gguf_name: str) -> str:
+    """'blk.3.attn_q.weight' -> 'model.layers.3.self_attn.q_proj.weight'."""
+    stem, _, kind = gguf_name.rpartition(".")
+    if stem in _TOP_LEVEL_NAMES:
+        return f"{_TOP_LEVEL_NAMES[stem]}.{kind}"
+    prefix, layer, part = stem.split(".", 2) if stem.startswith("blk.") else ("", "", stem)
+    if part not in _LAYER_NAMES:
+        raise ValueError(f"unsupported GGUF tensor {gguf_name!r}")
+    return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
+
+
+def _dequantize(tensor: ReaderTensor) -> np.ndarray:
+    shape = tuple(int(d) for d in reversed(tensor.shape))  # outermost first, as torch
+    array = dequantize(tensor.data, tensor.tensor_type).reshape(shape)
+    if array.dtype != np.float32 or not array.flags.writeable:  # e.g. F32 data is the mmap
+        array = array.astype(np.float32)
+    return array

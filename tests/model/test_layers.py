@@ -1,0 +1,121 @@
+"""Building blocks against transformers' implementations of the same formulas."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import LlamaConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+from transformers.models.llama.modeling_llama import (
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+    apply_rotary_pos_emb,
+)
+
+from superinfer.model.cpu_linear import PackedLinear, onednn_linear_available, pack_linears
+from superinfer.model.llama import RMSNorm
+from superinfer.model.weights import interleave_rope_rows
+from superinfer.model.rotary import RotaryEmbedding, apply_rotary, rope_inv_freq
+
+LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                  "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def _hf_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
+    params = {"rope_theta": theta, "rope_type": "default", **(scaling or {})}
+    config = LlamaConfig(hidden_size=head_dim * 4, num_attention_heads=4, rope_parameters=params,
+                         max_position_embeddings=131072)
+    if params["rope_type"] == "default":
+        return LlamaRotaryEmbedding.compute_default_rope_parameters(config)[0]
+    return ROPE_INIT_FUNCTIONS[params["rope_type"]](config, "cpu")[0]
+
+
+@pytest.mark.parametrize("scaling", [None, {"rope_type": "linear", "factor": 4.0}, LLAMA3_SCALING])
+def test_rope_frequencies_match_transformers(scaling: dict | None) -> None:
+    ours = rope_inv_freq(128, 500000.0, scaling)
+    torch.testing.assert_close(ours, _hf_inv_freq(128, 500000.0, scaling), rtol=1e-6, atol=0)
+
+
+def test_llama3_scaling_keeps_high_and_slows_low_frequencies() -> None:
+    plain, scaled = rope_inv_freq(128, 500000.0), rope_inv_freq(128, 500000.0, LLAMA3_SCALING)
+    assert torch.equal(scaled[:8], plain[:8])  # short wavelengths untouched
+    torch.testing.assert_close(scaled[-8:], plain[-8:] / 8.0)  # long ones divided by factor
+
+
+def test_gguf_frequency_factors_divide() -> None:
+    factors = torch.linspace(1, 4, 32)
+    ours = rope_inv_freq(64, 10000.0, {"rope_type": "freq_factors", "factors": factors.tolist()})
+    torch.testing.assert_close(ours, rope_inv_freq(64, 10000.0) / factors)
+
+
+def test_unknown_rope_type_is_rejected() -> None:
+    with pytest.raises(ValueError, match="yarn"):
+        rope_inv_freq(64, 10000.0, {"rope_type": "yarn", "factor": 4.0})
+
+
+def _interleave_last_dim(x: torch.Tensor) -> torch.Tensor:
+    """Halves (i, i + D/2) -> pairs (2i, 2i + 1), along the last dim."""
+    return x.unflatten(-1, (2, -1)).transpose(-1, -2).flatten(-2)
+
+
+def test_interleaved_rotation_equals_rotate_half_on_permuted_dims() -> None:
+    num_tokens, num_heads, head_dim = 5, 3, 16
+    x = torch.randn(num_tokens, num_heads, head_dim)  # rotate-half layout, as in HF
+    positions = torch.tensor([0, 1, 7, 100, 4095])
+    scaling = LLAMA3_SCALING | {"original_max_position_embeddings": 64}
+    rope = RotaryEmbedding(head_dim, 10000.0, scaling)
+    angles = positions[:, None].float() * rope.inv_freq  # (T, D/2)
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    expected, _ = apply_rotary_pos_emb(x, x, cos[:, None], sin[:, None], unsqueeze_dim=0)
+    ours = apply_rotary(_interleave_last_dim(x), rope(positions))
+    torch.testing.assert_close(ours, _interleave_last_dim(expected[0]), rtol=1e-5, atol=1e-5)
+    w = torch.randn(num_heads * head_dim, 4)  # the same permutation, applied to weight rows
+    torch.testing.assert_close(
+        interleave_rope_rows(w, head_dim).view(num_heads, head_dim, 4),
+        _interleave_last_dim(w.view(num_heads, head_dim, 4).transpose(1, 2)).transpose(1, 2))
+
+
+def test_interleaving_is_llama_cpp_row_permutation() -> None:
+    num_heads, head_dim = 3, 16
+    w = torch.randn(num_heads * head_dim, 10)
+    # llama.cpp's converter: per head, view rows as (2, D/2) and swap the two axes
+    expected = w.reshape(num_heads, 2, head_dim // 2, 10).swapaxes(1, 2).reshape(w.shape)
+    assert torch.equal(interleave_rope_rows(w, head_dim), expected)
+    bias = torch.arange(num_heads * head_dim, dtype=torch.float32)
+    assert interleave_rope_rows(bias, head_dim)[:4].tolist() == [0, 8, 1, 9]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_matches_transformers(dtype: torch.dtype) -> None:
+    x = (torch.randn(7, 64) * 3).to(dtype)
+    ours, theirs = RMSNorm(64, 1e-6).to(dtype), LlamaRMSNorm(64, eps=1e-6).to(dtype)
+    with torch.no_grad():
+        ours.weight.normal_()
+        theirs.weight.copy_(ours.weight)
+    tolerance = 1e-6 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(ours(x), theirs(x), rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.skipif(not onednn_linear_available(), reason="needs oneDNN")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_linear_matches_f_linear(dtype: torch.dtype) -> None:
+    linear = nn.Linear(64, 96, bias=True).to(dtype)
+    x = torch.randn(5, 64, dtype=dtype)
+    with torch.inference_mode():
+        expected = F.linear(x, linear.weight, linear.bias)
+        got = PackedLinear(linear)(x)
+        got_strided = PackedLinear(linear)(torch.randn(5, 80, dtype=dtype)[:, :64].copy_(x))
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got, expected, rtol=tolerance, atol=tolerance)
+    torch.testing.assert_close(got_strided, expected, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.skipif(not onednn_linear_available(), reason="needs oneDNN")
+def test_pack_linears_swaps_every_linear_and_keeps_shared_weights() -> None:
+    model = nn.Sequential(nn.Embedding(10, 8), nn.Linear(8, 8), nn.Linear(8, 10, bias=False))
+    model[2].weight = model[0].weight  # tied
+    assert pack_linears(model) == 2
+    assert all(isinstance(m, PackedLinear) for m in model[1:])
+    assert model[0].weight.shape == (10, 8)

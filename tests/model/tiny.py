@@ -1,0 +1,42 @@
+"""Tiny randomly initialised Hugging Face checkpoints (Llama with llama3 RoPE, Qwen2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config
+
+VOCAB_SIZE = 128
+TINY = dict(vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+            bos_token_id=1, eos_token_id=2)
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 4.0,
+               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 16}
+PROMPT = [1, 17, 42, 99, 5, 63, 8, 120, 33, 71, 2, 64, 90]
+
+
+def tiny_llama_config() -> LlamaConfig:
+    return LlamaConfig(**TINY, rope_parameters=LLAMA3_ROPE, tie_word_embeddings=False)
+
+
+def tiny_qwen2_config() -> Qwen2Config:
+    return Qwen2Config(**TINY, tie_word_embeddings=True)
+
+
+def save_tiny(directory: Path, config, seed: int) -> Path:
+    """Random weights (std 0.15: logits far from uniform) in several safetensors shards, and
+    a word-level tokenizer 'w0' .. 'w127'."""
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.15)
+    model.save_pretrained(directory, max_shard_size="100KB")
+    vocab = {f"w{i}": i for i in range(VOCAB_SIZE)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="w0").save_pretrained(directory)
+    return directory
