@@ -76,9 +76,11 @@ class SchedulerConfig:
 class CacheConfig:
     block_size: int = opt(16, "Tokens per KV block.")
     device_kv_gib: float = opt(
-        0.25, "Device-tier KV pool size in GiB (on a CPU the device tier is a capped pool)."
+        0.125, "Device-tier KV pool size in GiB (on a CPU the device tier is a capped pool)."
     )
-    host_kv_gib: float = opt(1.0, "Host-tier KV pool size in GiB (rotation and swap space).")
+    host_kv_gib: float = opt(
+        0.125, "Host-tier KV pool size in GiB (rotation and swap space; committed at start)."
+    )
     num_device_blocks: int | None = opt(
         None, "Device-tier pool size in blocks; overrides --device-kv-gib."
     )

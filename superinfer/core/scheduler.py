@@ -284,12 +284,8 @@ class Scheduler:
         self.running.remove(victim)
         victim.running_since = None
         if self.policy.is_preempt_by_swap and self.kv.can_swap_out(victim):
-            self.kv.swap_out(victim)
-            victim.status = RequestStatus.SWAPPED
-            victim.num_swap_outs += 1
-            self.swapped.append(victim)
+            self._swap_out(victim)
             plan.swapped_out.append(victim.request_id)
-            self.stats.num_swap_outs += 1
         else:  # recompute: drop the KV (also the fallback when the host tier is full)
             self.kv.free(victim, forget=False)
             victim.num_computed_tokens = 0
@@ -298,6 +294,26 @@ class Scheduler:
             self.waiting.append(victim)
             plan.preempted.append(victim.request_id)
             self.stats.num_preemptions += 1
+
+    def _swap_out(self, request: Request) -> None:
+        self.kv.swap_out(request)
+        request.status = RequestStatus.SWAPPED
+        request.num_swap_outs += 1
+        self.swapped.append(request)
+        self.stats.num_swap_outs += 1
+
+    def rotate_out(self, request_id: str) -> bool:
+        """Rotate a running request to the host tier now (warm-up, tests); False if it is
+        not running or the host tier has no room."""
+        request = self.requests.get(request_id)
+        if request is None or request.status is not RequestStatus.RUNNING:
+            return False
+        if not self.kv.can_swap_out(request):
+            return False
+        self.running.remove(request)
+        request.running_since = None
+        self._swap_out(request)
+        return True
 
     def _build_output(self, plan: _StepPlan) -> SchedulerOutput:
         sequences = [

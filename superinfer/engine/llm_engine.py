@@ -243,8 +243,9 @@ class LLMEngine:
     ) -> RequestOutput:
         request = tracked.request
         completion = CompletionOutput(
-            0, tracked.detokenizer.text, list(request.output_token_ids), finish_reason, stop_reason
-        )
+            0, tracked.detokenizer.text, list(tracked.detokenizer.token_ids), finish_reason,
+            stop_reason,
+        )  # the detokenizer's ids: the request's own may end in the next step's placeholder
         metrics = RequestMetrics(
             arrival_time=request.arrival_time,
             first_scheduled_time=request.first_scheduled_time,

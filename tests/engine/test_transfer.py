@@ -5,7 +5,7 @@ import time
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from superinfer.core.kv.transfer import Direction, TransferSpec, merge_into_runs
@@ -91,7 +91,7 @@ def disjoint_specs(draw: st.DrawFn) -> tuple[TransferSpec, TransferSpec]:
     return spec(Direction.D2H, out_src, out_dst), spec(Direction.H2D, in_src, in_dst)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(specs=disjoint_specs(), mode=st.sampled_from(MODES), seed=st.integers(0, 2**16))
 def test_random_blocks_both_directions_at_once_arrive_byte_identical(
     specs: tuple[TransferSpec, TransferSpec], mode: str, seed: int
