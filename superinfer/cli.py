@@ -1,4 +1,5 @@
-"""Command line: `superinfer generate "PROMPT"` (more subcommands join as they land).
+"""Command line: `superinfer serve` and `superinfer generate "PROMPT"` (more subcommands join
+as they land).
 
 Engine flags are derived from the config dataclasses in `superinfer.config`.
 """
@@ -77,7 +78,58 @@ def build_parser() -> argparse.ArgumentParser:
         (ModelConfig, "model"), (CacheConfig, "KV cache"), (SchedulerConfig, "scheduler")
     ):  # fmt: skip
         add_config_flags(gen, config_type, title)
+    _add_serve_parser(sub)
+    _add_sim_parsers(sub)
     return parser
+
+
+def _add_sim_parsers(sub: Any) -> None:
+    from superinfer.sim.cli import add_calibrate_parser, add_simulate_parser
+
+    add_simulate_parser(sub)
+    add_calibrate_parser(sub)
+
+
+def _add_serve_parser(sub: Any) -> None:
+    from superinfer.server.config import ServerConfig
+
+    serve = sub.add_parser(
+        "serve",
+        help="serve the model over an OpenAI-compatible HTTP API with per-request SLOs",
+        description="Serve the model on an OpenAI-compatible HTTP API (/v1/completions, "
+        "/v1/chat/completions, /v1/models, /health, /metrics). Each request may carry latency "
+        "targets (x-slo-* headers or the body's 'slo' object, see docs/slo.md); the server "
+        "schedules by them, rejects what it cannot keep (425), and reports for every request "
+        "whether they were kept. SIGTERM/SIGINT drain the server and exit 0.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    serve.add_argument("-v", "--verbose", action="store_true", help="log engine details to stderr")
+    add_config_flags(serve, ServerConfig, "server")
+    for config_type, title in (
+        (ModelConfig, "model"), (CacheConfig, "KV cache"), (SchedulerConfig, "scheduler")
+    ):  # fmt: skip
+        add_config_flags(serve, config_type, title)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from superinfer.core.policies import available_policies
+    from superinfer.server.config import ServerConfig
+    from superinfer.server.launcher import run_server
+    from superinfer.slo_config import load_slo_config
+
+    if args.policy not in available_policies():
+        raise ValueError(f"unknown policy {args.policy!r}; choose one of {available_policies()}")
+    names = [f.name for f in dataclasses.fields(ServerConfig)]
+    server = ServerConfig(**{name: getattr(args, name) for name in names})
+    if server.api_key is None:
+        server.api_key = os.environ.get("SUPERINFER_API_KEY") or None
+    slo_config = load_slo_config(server.slo_config)
+    config = engine_config_from_args(args)
+    if "class_reservations" in {f.name for f in dataclasses.fields(SchedulerConfig)}:
+        reservations = slo_config.reservations()
+        scheduler = dataclasses.replace(config.scheduler, class_reservations=reservations)
+        config = dataclasses.replace(config, scheduler=scheduler)
+    return run_server(server, config, slo_config)
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -111,6 +163,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return run_generate(args)
+        if args.command == "serve":
+            return run_serve(args)
+        if args.command in ("simulate", "calibrate"):
+            from superinfer.sim import cli as sim_cli
+
+            return (
+                sim_cli.run_simulate(args)
+                if args.command == "simulate"
+                else sim_cli.run_calibrate(args)
+            )
     except (ValueError, TypeError, FileNotFoundError) as error:
         print(f"superinfer: error: {error}", file=sys.stderr)
         return 2

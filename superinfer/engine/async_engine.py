@@ -1,0 +1,377 @@
+"""The asyncio driver: one engine thread runs `LLMEngine.step()`; callers on an event loop
+add requests, read their outputs from per-request queues, and abort them.
+
+    event loop                         engine thread
+    add_request / abort / call  ---->  commands, applied between steps
+    RequestStream (asyncio.Queue) <--  outputs of each step, one call_soon_threadsafe
+
+The engine is single-threaded inside: only the engine thread touches it. Independent of
+any web framework (the HTTP server and the Ray Serve deployment both drive it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from superinfer.core.request import PLACEHOLDER, Request
+from superinfer.engine.llm_engine import LLMEngine
+from superinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from superinfer.sampling_params import SamplingParams
+from superinfer.slo import SLOTargets
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+_EMA_WEIGHT = 0.2  # weight of the newest step in the step-time average
+_IDLE_WAIT_S = 0.5
+_SPIN_SLEEP_S = 0.001  # after an empty step (e.g. waiting for a KV copy to land)
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread stopped; no request can be served."""
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """Load and counters published by the engine thread after each step."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    num_swapped: int = 0
+    num_waiting_tokens: int = 0  # tokens the waiting requests still have to prefill
+    device_kv_usage: float = 0.0
+    host_kv_usage: float = 0.0
+    step_time_s: float = 0.0  # moving average of steps that produced tokens
+    num_steps: int = 0
+    num_preemptions: int = 0  # recompute preemptions
+    num_swap_outs: int = 0  # rotations to the host tier
+    num_swap_ins: int = 0
+    transfer_bytes: Mapping[str, int] = field(default_factory=dict)  # "d2h"/"h2d" -> bytes
+    transfer_seconds: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _Add:
+    request_id: str
+    prompt: Mapping[str, Any]
+    params: SamplingParams
+    arrival_time: float
+    priority: int
+    slo: SLOTargets
+    num_prompt_tokens: int
+
+
+class RequestStream:
+    """The outputs of one request, in order; iteration ends after the final one."""
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self.final: RequestOutput | None = None
+        self.error: BaseException | None = None
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.final is not None or self.error is not None:
+            raise StopAsyncIteration
+        item = await self.queue.get()
+        if isinstance(item, BaseException):
+            self.error = item
+            raise item
+        if item.finished:
+            self.final = item
+        return item
+
+
+DoneCallback = Callable[[str, "RequestOutput | None", "BaseException | None"], None]
+
+
+class AsyncEngine:
+    """Drive an `LLMEngine` from an asyncio event loop.
+
+    `on_done(request_id, final_output, error)` runs on the loop exactly once for every
+    request `add_request` accepted: with its final output (finished or aborted), or with
+    the error that kept the engine from running it.
+    """
+
+    def __init__(self, engine: LLMEngine, on_done: DoneCallback | None = None) -> None:
+        self.engine = engine
+        self.on_done = on_done
+        self.snapshot = EngineSnapshot()
+        self.prefill_s_per_token = 0.0  # measured by the warm-up; used by estimates
+        self._streams: dict[str, RequestStream] = {}  # loop side
+        self._active: set[str] = set()  # engine-thread side: added, not final
+        self._commands: deque[Callable[[], None]] = deque()
+        self._num_pending = 0  # adds queued, not yet in the scheduler
+        self._num_pending_tokens = 0
+        self._cond = threading.Condition()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._is_stopping = False
+        self.dead_error: BaseException | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the engine thread; call from the event loop that will read the outputs."""
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="superinfer-engine", daemon=True)
+        self._thread.start()
+
+    async def shutdown(self) -> None:
+        """Abort what is left, stop the engine thread and close the engine."""
+        for request_id in list(self._streams):
+            self.abort(request_id)
+        with self._cond:
+            self._is_stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+        self.engine.close()
+
+    @property
+    def is_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self.dead_error is None
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self._streams)
+
+    # --- requests -------------------------------------------------------------------------
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        arrival_time: float,
+        priority: int = 0,
+        slo: SLOTargets | None = None,
+        prompt: str | None = None,
+    ) -> RequestStream:
+        """Queue a tokenized request; `arrival_time` is on the engine's clock."""
+        if not self.is_alive:
+            raise EngineDeadError("the engine is not running") from self.dead_error
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        stream = RequestStream(request_id)
+        self._streams[request_id] = stream
+        add = _Add(
+            request_id, {"prompt_token_ids": prompt_token_ids, "prompt": prompt}, params,
+            arrival_time, priority, slo or SLOTargets(), len(prompt_token_ids),
+        )  # fmt: skip
+        with self._cond:
+            self._num_pending += 1
+            self._num_pending_tokens += add.num_prompt_tokens
+            self._commands.append(lambda: self._apply_add(add))
+            self._cond.notify()
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request (no-op once it finished); it ends with finish_reason "abort"."""
+        self._submit(lambda: self._apply_abort(request_id))
+
+    async def call(self, fn: Callable[[LLMEngine], T]) -> T:
+        """Run `fn(engine)` on the engine thread between two steps; returns its result."""
+        future: Future[T] = Future()
+
+        def run() -> None:
+            try:
+                future.set_result(fn(self.engine))
+            except BaseException as error:  # noqa: BLE001 - handed to the caller
+                future.set_exception(error)
+
+        self._submit(run)
+        return await asyncio.wrap_future(future)
+
+    def queue_load(self) -> tuple[int, int]:
+        """(requests, prompt tokens) waiting to be admitted, including those not yet added."""
+        with self._cond:
+            snapshot = self.snapshot
+            return (
+                snapshot.num_waiting + self._num_pending,
+                snapshot.num_waiting_tokens + self._num_pending_tokens,
+            )
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no request is unfinished; False if `timeout_s` passed first."""
+        deadline = time.monotonic() + timeout_s
+        while self._streams and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return not self._streams
+
+    def _submit(self, command: Callable[[], None]) -> None:
+        with self._cond:
+            self._commands.append(command)
+            self._cond.notify()
+
+    # --- engine thread --------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while self._next_round():
+                pass
+        except BaseException as error:  # the thread must report, never vanish silently
+            logger.exception("engine thread died")
+            self.dead_error = error
+            self._fail_all(error)
+
+    def _next_round(self) -> bool:
+        with self._cond:
+            if self._is_stopping:
+                return False
+            if not self._commands and not self._has_work():
+                self._cond.wait(_IDLE_WAIT_S)
+            commands, self._commands = self._commands, deque()
+        for command in commands:
+            command()
+        if self._has_work():
+            self._step()
+        else:
+            self._publish(self.snapshot.step_time_s)
+        return True
+
+    def _has_work(self) -> bool:
+        """Unfinished requests, or KV copies whose landing a step must record."""
+        engine = self.engine
+        return engine.has_unfinished_requests() or engine.scheduler.kv.num_inflight_transfers > 0
+
+    def _step(self) -> None:
+        start = time.perf_counter()
+        try:
+            outputs = self.engine.step()
+        except Exception as error:
+            logger.exception("engine step failed; aborting the requests in it")
+            self._abort_all(error)
+            return
+        elapsed = time.perf_counter() - start
+        step_time = self.snapshot.step_time_s
+        if outputs:
+            step_time = (
+                elapsed if not step_time else step_time + _EMA_WEIGHT * (elapsed - step_time)
+            )
+        elif elapsed < _SPIN_SLEEP_S:
+            time.sleep(_SPIN_SLEEP_S)
+        self._publish(step_time)
+        finals = [o.request_id for o in outputs if o.finished]
+        self._active.difference_update(finals)
+        if outputs:
+            self._deliver([(o.request_id, o) for o in outputs])
+
+    def _apply_add(self, add: _Add) -> None:
+        with self._cond:
+            self._num_pending -= 1
+            self._num_pending_tokens -= add.num_prompt_tokens
+        try:
+            self.engine.add_request(
+                add.prompt, add.params, add.request_id, add.arrival_time, add.priority, add.slo
+            )
+        except Exception as error:  # noqa: BLE001 - the request's error, handed to its stream
+            self._deliver([(add.request_id, error)])
+            return
+        self._active.add(add.request_id)
+
+    def _apply_abort(self, request_id: str, error: BaseException | None = None) -> None:
+        """Abort in the engine (its blocks are freed in both tiers); the stream ends with
+        an aborted output, or with `error` when the engine failed it."""
+        if request_id not in self._active:
+            return  # finished already, or its add failed
+        self._active.discard(request_id)
+        request = self.engine.scheduler.requests.get(request_id)
+        self.engine.abort_request(request_id)
+        if error is not None:
+            self._deliver([(request_id, error)])
+        elif request is not None:
+            self._deliver([(request_id, aborted_output(request))])
+
+    def _abort_all(self, error: BaseException) -> None:
+        for request_id in list(self._active):
+            try:
+                self._apply_abort(request_id, error)
+            except Exception:
+                logger.exception("abort of %s failed", request_id)
+                self._active.discard(request_id)
+                self._deliver([(request_id, error)])
+
+    def _fail_all(self, error: BaseException) -> None:
+        self._deliver([(request_id, error) for request_id in self._active])
+        self._active.clear()
+
+    def _publish(self, step_time_s: float) -> None:
+        scheduler = self.engine.scheduler
+        kv, stats = scheduler.kv, scheduler.stats
+        transfer = self.engine.transfer.stats
+        snapshot = EngineSnapshot(
+            num_running=len(scheduler.running),
+            num_waiting=len(scheduler.waiting),
+            num_swapped=len(scheduler.swapped),
+            num_waiting_tokens=sum(r.num_uncomputed_tokens for r in scheduler.waiting),
+            device_kv_usage=kv.device.usage,
+            host_kv_usage=kv.host.usage,
+            step_time_s=step_time_s,
+            num_steps=stats.num_steps,
+            num_preemptions=stats.num_preemptions,
+            num_swap_outs=stats.num_swap_outs,
+            num_swap_ins=stats.num_swap_ins,
+            transfer_bytes={"d2h": transfer.d2h.num_bytes, "h2d": transfer.h2d.num_bytes},
+            transfer_seconds={"d2h": transfer.d2h.seconds, "h2d": transfer.h2d.seconds},
+        )
+        with self._cond:
+            self.snapshot = snapshot
+
+    def _deliver(self, items: list[tuple[str, RequestOutput | BaseException]]) -> None:
+        if items and self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._on_loop, items)
+
+    # --- event loop -----------------------------------------------------------------------
+    def _on_loop(self, items: list[tuple[str, RequestOutput | BaseException]]) -> None:
+        for request_id, item in items:
+            stream = self._streams.get(request_id)
+            if stream is None:
+                continue
+            stream.queue.put_nowait(item)
+            is_error = isinstance(item, BaseException)
+            if is_error or item.finished:
+                del self._streams[request_id]
+                self._report_done(request_id, item)
+
+    def _report_done(self, request_id: str, item: RequestOutput | BaseException) -> None:
+        if self.on_done is None:
+            return
+        try:
+            if isinstance(item, BaseException):
+                self.on_done(request_id, None, item)
+            else:
+                self.on_done(request_id, item, None)
+        except Exception:
+            logger.exception("on_done callback failed for %s", request_id)
+
+
+def aborted_output(request: Request) -> RequestOutput:
+    """The final output of a request aborted from outside the step loop (a token still
+    being sampled when it was aborted is left out)."""
+    token_ids = [t for t in request.output_token_ids if t != PLACEHOLDER]
+    completion = CompletionOutput(0, "", token_ids, "abort")
+    metrics = RequestMetrics(
+        arrival_time=request.arrival_time,
+        first_scheduled_time=request.first_scheduled_time,
+        first_token_time=request.first_token_time,
+        last_token_time=request.last_token_time,
+        finished_time=request.finished_time,
+        num_preemptions=request.num_preemptions,
+        num_swap_outs=request.num_swap_outs,
+        num_cached_prompt_tokens=request.num_cached_prompt_tokens,
+        token_times=list(request.output_token_times),
+        slo=request.slo,
+    )
+    return RequestOutput(
+        request.request_id, None, request.prompt_token_ids, [completion], finished=True,
+        metrics=metrics,
+    )  # fmt: skip

@@ -1,0 +1,169 @@
+"""The FastAPI app: OpenAI-compatible routes, /health, /metrics, and (for tests only)
+/debug/engine. Wrapped in `IngressStamp`, so every request's arrival is stamped before
+its body is read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from superinfer.server.debug import engine_report
+from superinfer.server.errors import APIError, bad_request, error_body
+from superinfer.server.generation import SSEResponse, collect_response, stream_response
+from superinfer.server.ingress import IngressStamp, arrival_of
+from superinfer.server.prepare import error_for_validation
+from superinfer.server.protocol import ChatCompletionRequest, CompletionRequest
+from superinfer.server.state import Rejection, ServerState
+
+logger = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 16 << 20
+
+
+def build_app(state: ServerState) -> IngressStamp:
+    """The ASGI app serving `state`."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        boot = asyncio.create_task(state.boot())
+        yield
+        boot.cancel()
+        await state.close()
+
+    app = FastAPI(title="superinfer", lifespan=lifespan, docs_url=None, redoc_url=None)
+    _add_error_handlers(app)
+    _add_info_routes(app, state)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await _generate(state, request, CompletionRequest)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await _generate(state, request, ChatCompletionRequest)
+
+    if state.config.enable_debug_routes:
+
+        @app.get("/debug/engine")
+        async def debug_engine() -> JSONResponse:
+            if state.engine is None:
+                return JSONResponse({"phase": state.phase}, status_code=503)
+            report = await state.engine.call(engine_report)
+            return JSONResponse(
+                {"phase": state.phase, "num_inflight": len(state.inflight), **report}
+            )
+
+    return IngressStamp(app)
+
+
+def _add_info_routes(app: FastAPI, state: ServerState) -> None:
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        is_ready, phase = state.health
+        return JSONResponse(
+            {"status": "ok" if is_ready else phase}, status_code=200 if is_ready else 503
+        )
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> JSONResponse:
+        try:
+            state.check_auth(request.headers)
+        except APIError as error:
+            return error.response()
+        card = {
+            "id": state.model_name, "object": "model", "created": 0, "owned_by": "superinfer",
+            "root": state.model_name, "max_model_len": state.engine_config.scheduler.max_model_len,
+        }  # fmt: skip
+        return JSONResponse({"object": "list", "data": [card]})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def on_validation(request: Request, error: RequestValidationError) -> JSONResponse:
+        return error_for_validation(error).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code, "http_error")
+        body = error_body(error.status_code, str(error.detail), code)
+        return JSONResponse(body, status_code=error.status_code, headers=error.headers)
+
+    @app.exception_handler(Exception)
+    async def on_error(request: Request, error: Exception) -> JSONResponse:
+        logger.exception("unexpected error in %s", request.url.path)
+        return JSONResponse(
+            error_body(500, "internal server error", "internal_error"), status_code=500
+        )
+
+
+async def _generate(state: ServerState, request: Request, body_type: type) -> Response:
+    """Check, admit and run one completion or chat completion request."""
+    arrival = arrival_of(request.scope)
+    rejection = Rejection(arrival, request_id=request.headers.get("x-request-id"))
+    try:
+        state.check_auth(request.headers)
+        state.check_ready()
+        body = _parse(body_type, await _read_json(request))
+        rejection.request_id = body.request_id or rejection.request_id
+        state.check_model(body.model)
+        assert state.preparer is not None
+        prepared = state.preparer.prepare(body, request.headers, arrival)
+        rejection.targets, rejection.priority = prepared.slo.targets, prepared.priority
+        rejection.num_prompt_tokens = len(prepared.prompt_token_ids)
+        stream, inflight = state.admit(prepared, arrival, _expected_tokens(body, prepared))
+    except APIError as error:
+        state.reject(error, rejection)
+        return error.response()
+    if prepared.stream:
+        events = stream_response(state, stream, inflight, body_type is ChatCompletionRequest)
+        return SSEResponse(events, lambda: state.abort(inflight, "client_disconnected"))
+    return await collect_response(
+        state, stream, inflight, body_type is ChatCompletionRequest, request
+    )
+
+
+async def _read_json(request: Request) -> dict[str, Any]:
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY_BYTES:
+            raise APIError(413, f"the body exceeds {MAX_BODY_BYTES} bytes", "request_too_large")
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        raise bad_request("the body is not valid JSON", "invalid_json") from None
+    if not isinstance(data, dict):
+        raise bad_request("the body must be a JSON object", "invalid_json")
+    return data
+
+
+def _parse(body_type: type, data: dict[str, Any]) -> Any:
+    try:
+        return body_type.model_validate(data)
+    except ValidationError as error:
+        raise error_for_validation(error) from None
+    except RecursionError:
+        raise bad_request("the body is nested too deeply", "invalid_json") from None
+
+
+def _expected_tokens(body: Any, prepared: Any) -> int:
+    """Output tokens the deadline estimate assumes: what the client asked for, else 1
+    (without max_tokens, the length is unknown; the request may stop at once)."""
+    asked = getattr(body, "max_completion_tokens", None) or body.max_tokens
+    return prepared.params.max_tokens if asked is not None else 1

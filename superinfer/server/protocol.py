@@ -1,0 +1,95 @@
+"""Request bodies of the OpenAI-compatible routes (field names as OpenAI and vLLM use them).
+
+Unknown fields are ignored, as OpenAI-compatible servers do; fields that would change the
+answer in ways superinfer does not implement are rejected in `superinfer.server.prepare`.
+Numbers must be finite (NaN and Infinity are rejected).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+_INT64 = 2**63
+
+
+class SLOBody(BaseModel):
+    """The body's `slo` object (OpenAI SDK: `extra_body={"slo": {...}}`)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, populate_by_name=True)
+
+    ttft_ms: float | None = None
+    tbt_ms: float | None = None
+    max_latency_ms: float | None = None
+    slo_class: str | None = Field(None, alias="class")
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class _GenerationRequest(BaseModel):
+    """Fields shared by completions and chat completions."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(-1, ge=-1)
+    min_tokens: int = Field(0, ge=0)
+    n: int = 1
+    seed: int | None = Field(None, ge=-_INT64, lt=_INT64)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    priority: int | None = Field(None, ge=-(2**31), lt=2**31)
+    request_id: str | None = Field(None, min_length=1, max_length=128)
+    slo: SLOBody | None = None
+    user: str | None = None
+    # accepted only at their neutral values (see prepare.UNSUPPORTED)
+    best_of: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    logprobs: Any = None
+
+
+class CompletionRequest(_GenerationRequest):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = Field(16, ge=1)
+    echo: bool = False
+    suffix: str | None = None
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(_GenerationRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    add_generation_prompt: bool = True
+    tools: list[Any] | None = None
+    response_format: dict[str, Any] | None = None
+    top_logprobs: int | None = None

@@ -1,0 +1,300 @@
+"""The server's state across requests: lifecycle phase, the engine, admission, and the
+bookkeeping that writes exactly one SLO record (and its metrics) per request.
+
+Phases: loading -> warming_up -> ready -> draining (-> stopped); `dead` when loading,
+warm-up or the engine thread failed. Only `ready` admits requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import hmac
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from superinfer.config import EngineConfig
+from superinfer.engine.async_engine import AsyncEngine, EngineSnapshot, RequestStream
+from superinfer.metrics import (
+    ABORTED,
+    FINISHED,
+    REJECTED,
+    RequestRecord,
+    SLOReport,
+    slo_report,
+    tbt_gaps,
+)
+from superinfer.outputs import RequestOutput
+from superinfer.server.admission import Admission, Load
+from superinfer.server.config import ServerConfig
+from superinfer.server.errors import APIError
+from superinfer.server.ingress import Arrival
+from superinfer.server.prepare import PreparedRequest, RequestPreparer
+from superinfer.server.prometheus import ServerMetrics
+from superinfer.server.slo_log import SLOLog, log_line
+from superinfer.server.warmup import warm_up
+from superinfer.slo import SLOTargets
+from superinfer.slo_config import SLOConfig
+
+if TYPE_CHECKING:
+    from superinfer.engine.llm_engine import LLMEngine
+
+logger = logging.getLogger(__name__)
+
+LOADING, WARMING_UP, READY, DRAINING, STOPPED, DEAD = (
+    "loading", "warming_up", "ready", "draining", "stopped", "dead"
+)  # fmt: skip
+
+
+@dataclass
+class Inflight:
+    """An admitted request, until the engine reports it done."""
+
+    prepared: PreparedRequest
+    arrival: Arrival
+    abort_reason: str | None = None
+    report: SLOReport | None = None  # set when it ends (before its stream reads the end)
+
+
+@dataclass
+class Rejection:
+    """What is known about a request rejected at ingress."""
+
+    arrival: Arrival
+    request_id: str | None = None
+    targets: SLOTargets = field(default_factory=SLOTargets)
+    num_prompt_tokens: int = 0
+    priority: int | None = None
+
+
+def default_engine_factory(config: EngineConfig) -> LLMEngine:
+    from superinfer.engine.llm_engine import LLMEngine
+
+    return LLMEngine(config)
+
+
+class ServerState:
+    def __init__(
+        self,
+        server_config: ServerConfig,
+        engine_config: EngineConfig,
+        slo_config: SLOConfig,
+        model_name: str,
+        engine_factory: Callable[[EngineConfig], LLMEngine] = default_engine_factory,
+    ) -> None:
+        self.config = server_config
+        self.engine_config = engine_config
+        self.slo_config = slo_config
+        self.model_name = model_name
+        self.engine_factory = engine_factory
+        self.phase = LOADING
+        self.engine: AsyncEngine | None = None
+        self.preparer: RequestPreparer | None = None
+        self.admission = Admission(
+            server_config.max_num_queued_reqs, server_config.max_num_queued_tokens
+        )
+        self.metrics = ServerMetrics(model_name, self._snapshot, slo_config.class_names)
+        self.slo_log = SLOLog(server_config.slo_log)
+        self.inflight: dict[str, Inflight] = {}
+        self.warmup_step_time_s = 0.0
+        self.on_fatal: Callable[[], None] = lambda: None
+        self.exit_code = 0
+
+    # --- lifecycle ------------------------------------------------------------------------
+    async def boot(self) -> None:
+        """Load the engine off the loop, warm it up, then admit requests."""
+        try:
+            engine = await asyncio.to_thread(self.engine_factory, self.engine_config)
+            _trim_heap()
+            self.engine = AsyncEngine(engine, on_done=self._on_done)
+            self.engine.start()
+            self.phase = WARMING_UP
+            report = await self.engine.call(warm_up)
+        except Exception:
+            logger.exception("the server could not start")
+            self.phase, self.exit_code = DEAD, 1
+            self.on_fatal()
+            return
+        self.engine.prefill_s_per_token = report.prefill_s_per_token
+        self.warmup_step_time_s = report.step_time_s
+        self.preparer = RequestPreparer(
+            engine.tokenizer, engine.model_config.vocab_size,
+            self.engine_config.scheduler.max_model_len, self.slo_config,
+        )  # fmt: skip
+        if self.phase == WARMING_UP:  # not if a signal began the drain meanwhile
+            self.phase = READY
+        logger.info("ready: serving %s", self.model_name)
+
+    async def drain(self, timeout_s: float) -> None:
+        """Stop admitting; let in-flight requests finish for `timeout_s`, abort the rest."""
+        if self.phase != DEAD:
+            self.phase = DRAINING
+        if self.engine is None:
+            return
+        if not await self.engine.wait_idle(timeout_s):
+            logger.warning("aborting %d requests still running at shutdown", len(self.inflight))
+            for request_id, inflight in list(self.inflight.items()):
+                inflight.abort_reason = inflight.abort_reason or "shutdown"
+                self.engine.abort(request_id)
+            await self.engine.wait_idle(10.0)
+
+    async def close(self) -> None:
+        if self.engine is not None and self.engine.is_alive:
+            await self.engine.shutdown()
+        self.phase = STOPPED if self.phase != DEAD else DEAD
+        self.slo_log.close()
+
+    @property
+    def health(self) -> tuple[bool, str]:
+        if self.phase == READY and self.engine is not None and not self.engine.is_alive:
+            self.phase = DEAD
+        return self.phase == READY, self.phase
+
+    def _snapshot(self) -> EngineSnapshot | None:
+        return self.engine.snapshot if self.engine is not None else None
+
+    # --- ingress checks -------------------------------------------------------------------
+    def check_auth(self, headers: Mapping[str, str]) -> None:
+        key = self.config.api_key
+        if key is None:
+            return
+        given = headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            token.strip().encode(), key.encode()
+        ):
+            raise APIError(
+                401, "missing or wrong API key (Authorization: Bearer KEY)", "invalid_api_key"
+            )
+
+    def check_ready(self) -> None:
+        is_ready, phase = self.health
+        if not is_ready:
+            code = "draining" if phase in (DRAINING, STOPPED) else "not_ready"
+            raise APIError(503, f"the server is {phase.replace('_', ' ')}", code,
+                           headers={"Retry-After": "1"})  # fmt: skip
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise APIError(404, f"the model {model[:128]!r} does not exist; this server serves "
+                           f"{self.model_name!r}", "model_not_found", "model")  # fmt: skip
+
+    def load(self) -> Load:
+        assert self.engine is not None
+        snapshot = self.engine.snapshot
+        num_queued, num_queued_tokens = self.engine.queue_load()
+        is_busy = snapshot.num_running > 0
+        step_time = (
+            snapshot.step_time_s if is_busy and snapshot.step_time_s else self.warmup_step_time_s
+        )
+        return Load(num_queued, num_queued_tokens, step_time, self.engine.prefill_s_per_token)
+
+    # --- admitted requests ----------------------------------------------------------------
+    def admit(
+        self, prepared: PreparedRequest, arrival: Arrival, expected_tokens: int
+    ) -> tuple[RequestStream, Inflight]:
+        """Admission checks, then the request enters the engine (raises APIError). The
+        `Inflight` receives the SLO report when the request ends."""
+        assert self.engine is not None
+        if prepared.request_id in self.inflight:
+            raise APIError(400, f"request_id {prepared.request_id!r} is already in use",
+                           "duplicate_request_id", "request_id")  # fmt: skip
+        slo = prepared.slo
+        self.admission.check(
+            self.load(), len(prepared.prompt_token_ids), expected_tokens,
+            slo.targets.max_latency_ms, time.monotonic() - arrival.monotonic,
+            slo.is_reject_infeasible,
+        )  # fmt: skip
+        inflight = self.inflight[prepared.request_id] = Inflight(prepared, arrival)
+        stream = self.engine.add_request(
+            prepared.request_id, prepared.prompt_token_ids, prepared.params,
+            arrival.monotonic, prepared.priority, slo.targets, prepared.prompt,
+        )  # fmt: skip
+        return stream, inflight
+
+    def abort(self, inflight: Inflight, reason: str) -> None:
+        """Abort an admitted request unless it already ended (no-op then)."""
+        request_id = inflight.prepared.request_id
+        if self.inflight.get(request_id) is not inflight or self.engine is None:
+            return
+        inflight.abort_reason = inflight.abort_reason or reason
+        self.engine.abort(request_id)
+
+    def _on_done(
+        self, request_id: str, output: RequestOutput | None, error: BaseException | None
+    ) -> None:
+        inflight = self.inflight.pop(request_id, None)
+        if inflight is None:
+            return
+        prepared = inflight.prepared
+        record = _record_of(prepared, inflight.arrival, output)
+        report = slo_report(record)
+        inflight.report = report
+        reason = inflight.abort_reason if record.outcome == ABORTED else None
+        if error is not None:
+            reason = "engine_error"
+        line = log_line(record, report, inflight.arrival.wall, 200 if error is None else 500,
+                        reason, prepared.priority)  # fmt: skip
+        self.slo_log.write(line)
+        finish_reason = record.finish_reason or "abort"
+        gaps = tbt_gaps(record.token_times)
+        self.metrics.on_ended(report, record.num_prompt_tokens, record.num_tokens_out,
+                              finish_reason, gaps)  # fmt: skip
+
+    # --- rejected requests ----------------------------------------------------------------
+    def reject(self, error: APIError, rejection: Rejection) -> None:
+        """Count and log a request that never entered the queue."""
+        now = time.monotonic()
+        record = RequestRecord(
+            request_id=rejection.request_id or f"rejected-{uuid.uuid4().hex}",
+            targets=rejection.targets,
+            arrival_time=rejection.arrival.monotonic,
+            finished_time=now,
+            outcome=REJECTED,
+            num_prompt_tokens=rejection.num_prompt_tokens,
+            num_output_tokens=0,
+            rejection_reason=error.code,
+        )
+        report = slo_report(record)
+        self.slo_log.write(log_line(record, report, rejection.arrival.wall, error.status,
+                                    error.code, rejection.priority))  # fmt: skip
+        self.metrics.on_rejected(rejection.targets.slo_class, error.code, report.is_slo_request)
+
+
+def _record_of(
+    prepared: PreparedRequest, arrival: Arrival, output: RequestOutput | None
+) -> RequestRecord:
+    if output is None:  # the engine failed the request
+        return RequestRecord(
+            prepared.request_id, prepared.slo.targets, arrival.monotonic,
+            finished_time=time.monotonic(), outcome=ABORTED,
+            num_prompt_tokens=len(prepared.prompt_token_ids), finish_reason="abort",
+        )  # fmt: skip
+    metrics, completion = output.metrics, output.outputs[0]
+    outcome = ABORTED if completion.finish_reason == "abort" else FINISHED
+    return RequestRecord(
+        request_id=prepared.request_id,
+        targets=prepared.slo.targets,
+        arrival_time=metrics.arrival_time,
+        token_times=tuple(metrics.token_times),
+        finished_time=metrics.finished_time,
+        first_scheduled_time=metrics.first_scheduled_time,
+        outcome=outcome,
+        num_prompt_tokens=len(output.prompt_token_ids),
+        num_output_tokens=len(completion.token_ids),
+        finish_reason=completion.finish_reason,
+        num_preemptions=metrics.num_preemptions,
+        num_rotations=metrics.num_swap_outs,
+    )
+
+
+def _trim_heap() -> None:
+    """Give the loader's freed scratch memory back to the OS (glibc only)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

@@ -1,0 +1,141 @@
+"""Warm-up before the server reports healthy: a real request through prefill and decode,
+and a KV rotation round trip through the host tier (swapped out mid-decode, swapped back
+in, and its greedy tokens must equal the undisturbed run's). It also measures the prefill
+cost per token and the decode step time that admission estimates start from.
+
+Runs on the engine thread (`AsyncEngine.call`), before any user request is accepted.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from superinfer.core.request import PLACEHOLDER, RequestStatus
+from superinfer.core.scheduler import Scheduler
+from superinfer.engine.llm_engine import LLMEngine
+from superinfer.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+_NUM_TOKENS = 8
+_ROTATE_AFTER = 3  # output tokens before the forced rotation
+_MAX_STEPS = 10_000
+_TIMING_PROMPT_TOKENS = 256
+
+
+class WarmupError(RuntimeError):
+    """The warm-up found the engine not working."""
+
+
+@dataclass(frozen=True)
+class WarmupReport:
+    prefill_s_per_token: float
+    step_time_s: float
+    seconds: float
+
+
+def warm_up(engine: LLMEngine) -> WarmupReport:
+    """Prefill + decode, then the same request with a rotation; raises WarmupError."""
+    start = time.perf_counter()
+    prompt = _prompt_ids(engine, 2 * engine.config.cache.block_size + 5)
+    plain, step_time_s = _generate(engine, "superinfer-warmup-plain", prompt)
+    rotated, _ = _generate(engine, "superinfer-warmup-rotated", prompt, rotate_after=_ROTATE_AFTER)
+    if rotated != plain:
+        raise WarmupError(f"tokens changed across a KV rotation: {plain} vs {rotated}")
+    prefill_s_per_token = _time_prefill(engine)  # after the first forwards warmed the kernels
+    _check_clean(engine)
+    seconds = time.perf_counter() - start
+    logger.info("warm-up done in %.1f s: prefill %.2f ms/token, step %.1f ms",
+                seconds, prefill_s_per_token * 1e3, step_time_s * 1e3)  # fmt: skip
+    return WarmupReport(prefill_s_per_token, step_time_s, seconds)
+
+
+def _prompt_ids(engine: LLMEngine, num_tokens: int) -> list[int]:
+    text = "The quick brown fox jumps over the lazy dog while the clock ticks. " * num_tokens
+    ids = engine.tokenizer(text)["input_ids"][:num_tokens]
+    return ids
+
+
+def _greedy(max_tokens: int) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+
+
+def _time_prefill(engine: LLMEngine) -> float:
+    """Seconds per prompt token of one whole-prompt prefill step."""
+    scheduler_config = engine.config.scheduler
+    num_tokens = min(_TIMING_PROMPT_TOKENS, scheduler_config.max_num_batched_tokens,
+                     scheduler_config.max_model_len - 2)  # fmt: skip
+    # a distinct prompt, so the prefix cache of the runs below cannot shorten it
+    prompt = list(reversed(_prompt_ids(engine, num_tokens)))
+    engine.add_request({"prompt_token_ids": prompt}, _greedy(1), "superinfer-warmup-prefill")
+    start = time.perf_counter()
+    _run_until_done(engine, "superinfer-warmup-prefill")
+    return (time.perf_counter() - start) / len(prompt)
+
+
+def _generate(
+    engine: LLMEngine, request_id: str, prompt: list[int], rotate_after: int | None = None
+) -> tuple[list[int], float]:
+    """Greedy tokens of `prompt` and the mean decode step time; with `rotate_after`, the
+    request is rotated to the host tier after that many tokens and must come back."""
+    engine.add_request({"prompt_token_ids": prompt}, _greedy(_NUM_TOKENS), request_id)
+    num_swap_ins = engine.scheduler.stats.num_swap_ins
+    tokens: list[int] = []
+    step_times: list[float] = []
+    is_rotated = rotate_after is None
+    for _ in range(_MAX_STEPS):
+        start = time.perf_counter()
+        outputs = [o for o in engine.step() if o.request_id == request_id]
+        if not outputs:
+            time.sleep(0.001)  # a KV copy in flight
+            continue
+        step_times.append(time.perf_counter() - start)
+        (output,) = outputs
+        tokens = [t for t in output.outputs[0].token_ids if t != PLACEHOLDER]
+        if output.finished:
+            break
+        if not is_rotated and len(tokens) >= rotate_after:
+            if not rotate_out(engine.scheduler, request_id):
+                raise WarmupError("could not rotate the warm-up request to the host tier")
+            is_rotated = True
+    else:
+        raise WarmupError(f"warm-up request {request_id} did not finish")
+    if rotate_after is not None and engine.scheduler.stats.num_swap_ins != num_swap_ins + 1:
+        raise WarmupError("the warm-up request did not come back from the host tier")
+    return tokens, _mean(step_times[1:] or step_times)
+
+
+def rotate_out(scheduler: Scheduler, request_id: str) -> bool:
+    """Swap a running request's KV to the host tier now; False if it cannot go."""
+    return scheduler.rotate_out(request_id)
+
+
+def _run_until_done(engine: LLMEngine, request_id: str) -> None:
+    for _ in range(_MAX_STEPS):
+        if any(o.request_id == request_id and o.finished for o in engine.step()):
+            return
+    raise WarmupError(f"warm-up request {request_id} did not finish")
+
+
+def _check_clean(engine: LLMEngine) -> None:
+    """Every warm-up block released in both tiers once the copies have landed."""
+    scheduler = engine.scheduler
+    for _ in range(_MAX_STEPS):
+        if not scheduler.kv.num_inflight_transfers:
+            break
+        _step_or_wait(engine)
+    scheduler.check_invariants()
+    if scheduler.has_unfinished_requests or scheduler.kv.tables:
+        raise WarmupError("warm-up requests left KV blocks behind")
+
+
+def _step_or_wait(engine: LLMEngine) -> None:
+    """One step; a short sleep when it had nothing to do (a KV copy still in flight)."""
+    if not engine.step():
+        time.sleep(0.001)
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0

@@ -1,0 +1,262 @@
+"""`superinfer calibrate`: time the real engine's steps and fit the simulator's predictor.
+
+Runs the real `LLMEngine` over a grid of batches: lone prompts of several lengths
+(prefill), and batches of 1 to 64 requests with short and long contexts (chunked prefill,
+mixed steps, decodes). Each step gives one sample (batch shape, forward seconds, host
+seconds; see `StepTimer` for how each is timed with the step pipeline on, the engine's
+default, and off); the repeats of a shape are reduced to their median and fitted by
+`FittedPredictor.fit`. The KV link is timed too (one long run of blocks and many
+one-block runs, each direction alone and both at once) and saved with the fit.
+
+On this CPU: `OMP_NUM_THREADS=1 superinfer calibrate` writes
+`superinfer/sim/profiles/cpu_smollm2.json` (one thread: on the shared 2-core machine, two
+OpenMP threads made a step 10-30x slower whenever another job held the other core). On a
+GPU, the same command with `--device cuda` times that GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import random
+import statistics
+import time
+from dataclasses import dataclass
+
+from superinfer.sim.fitted import FittedPredictor, StepSample
+from superinfer.sim.predictor import BatchShape
+
+logger = logging.getLogger(__name__)
+
+PREFILL_LENGTHS = (16, 64, 128, 256, 384, 512, 1000)
+DECODE_BATCHES = (1, 8, 32, 64)
+DECODE_CONTEXTS = (32, 256)
+DECODE_STEPS = 6
+
+
+@dataclass
+class CalibrationOptions:
+    model: str | None = None  # default: SmolLM2-135M-Instruct
+    dtype: str = "bfloat16"
+    device: str = "cpu"
+    repeats: int = 3
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    max_model_len: int = 1024
+    block_size: int = 16
+    seed: int = 0
+    pipeline: bool = True  # time steps as the engine runs them by default
+
+
+class StepTimer:
+    """Times an engine's steps: the forward of each batch and the host work around it.
+
+    Without the pipeline it wraps the runner's `execute` (forward = its duration, host =
+    the rest of `step`). With the pipeline it wraps `launch`: a forward runs from its launch
+    until its future completes, on the runner's thread, while the engine schedules the next
+    step, so the time includes whatever that overlap costs; host = the time `step` spent
+    not blocked on a forward.
+    """
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.is_pipelined = engine.config.scheduler.pipeline
+        self._timed: list[_TimedStep] = []
+        self._current: _TimedStep | None = None
+        self._blocked_s = 0.0
+        runner = engine.runner
+        if self.is_pipelined:
+            self._launch = runner.launch
+            runner.launch = self._timed_launch
+        else:
+            self._execute = runner.execute
+            runner.execute = self._timed_execute
+
+    def _timed_execute(self, output):
+        start = time.perf_counter()
+        model_output = self._execute(output)
+        if not output.is_empty:
+            self._current = _TimedStep(BatchShape.of(output), start, time.perf_counter())
+            self._blocked_s = self._current.end - start
+        return model_output
+
+    def _timed_launch(self, output):
+        start = time.perf_counter()
+        future = self._launch(output)
+        if not output.is_empty:
+            timed = self._current = _TimedStep(BatchShape.of(output), start)
+            future.add_done_callback(lambda _: timed.finish())
+        return _WaitTimer(future, self)
+
+    def step(self) -> None:
+        self._current, self._blocked_s = None, 0.0
+        start = time.perf_counter()
+        self.engine.step()
+        if self._current is not None:
+            self._current.host_s = max(0.0, time.perf_counter() - start - self._blocked_s)
+            self._timed.append(self._current)
+
+    @property
+    def samples(self) -> list[StepSample]:
+        return [t.sample() for t in self._timed if t.end is not None]
+
+    def clear(self) -> None:
+        self._timed = []
+
+
+@dataclass
+class _TimedStep:
+    batch: BatchShape
+    start: float
+    end: float | None = None
+    host_s: float = 0.0
+
+    def finish(self) -> None:
+        self.end = time.perf_counter()
+
+    def sample(self) -> StepSample:
+        return StepSample(self.batch, self.end - self.start, self.host_s)
+
+
+class _WaitTimer:
+    """A runner future whose `result()` adds the time it blocked to the timer's count."""
+
+    def __init__(self, future, timer: StepTimer) -> None:
+        self._future, self._timer = future, timer
+
+    def result(self, timeout: float | None = None):
+        start = time.perf_counter()
+        try:
+            return self._future.result(timeout)
+        finally:
+            self._timer._blocked_s += time.perf_counter() - start
+
+
+def build_engine(options: CalibrationOptions):
+    from superinfer.config import EngineConfig
+    from superinfer.engine.llm_engine import LLMEngine
+
+    blocks_per_seq = -(-options.max_model_len // options.block_size)
+    config = EngineConfig.from_flat(
+        model=options.model, dtype=options.dtype, device=options.device, policy="fcfs-recompute",
+        pipeline=options.pipeline, max_num_seqs=options.max_num_seqs, block_size=options.block_size,
+        max_num_batched_tokens=options.max_num_batched_tokens, max_model_len=options.max_model_len,
+        num_device_blocks=options.max_num_seqs * blocks_per_seq, num_host_blocks=4 * blocks_per_seq,
+        enable_prefix_caching=False,
+    )  # fmt: skip
+    return LLMEngine(config)
+
+
+def run_batch(
+    timer: StepTimer, rng: random.Random, num_prompt: int, num_requests: int, max_tokens: int
+) -> None:
+    from superinfer.sampling_params import SamplingParams
+
+    engine = timer.engine
+    vocab = engine.model_config.vocab_size
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    for _ in range(num_requests):
+        prompt = [rng.randrange(vocab) for _ in range(num_prompt)]
+        engine.add_request({"prompt_token_ids": prompt}, params)
+    while engine.has_unfinished_requests():
+        timer.step()
+
+
+def collect_samples(engine, options: CalibrationOptions) -> list[StepSample]:
+    rng = random.Random(options.seed)
+    timer = StepTimer(engine)
+    run_batch(timer, rng, 64, 4, 4)  # warm-up
+    timer.clear()
+    for repeat in range(options.repeats):
+        for num_prompt in PREFILL_LENGTHS:
+            run_batch(timer, rng, min(num_prompt, options.max_model_len - 2), 1, 1)
+        for batch in DECODE_BATCHES:
+            for context in DECODE_CONTEXTS:
+                run_batch(timer, rng, context, min(batch, options.max_num_seqs), DECODE_STEPS)
+        logger.info("calibration pass %d: %d samples", repeat + 1, len(timer.samples))
+    return timer.samples
+
+
+def measure_link(engine, num_blocks: int = 256, repeats: int = 3) -> dict:
+    """Time KV copies on the engine's transfer engine: GB/s per direction, per-copy cost,
+    and whether the two directions overlap."""
+    from superinfer.core.kv.transfer import Direction, TransferSpec
+
+    transfer, block_bytes = engine.transfer, engine.kv_tiers.bytes_per_block
+    num_blocks = min(
+        num_blocks, engine.kv_tiers.device.shape[0] // 2, engine.kv_tiers.host.shape[0] // 2
+    )
+
+    def timed(*specs: TransferSpec) -> float:
+        start = time.perf_counter()
+        for spec in specs:
+            transfer.submit(spec)
+        transfer.wait([s.transfer_id for s in specs])
+        transfer.poll_finished()
+        return time.perf_counter() - start
+
+    def spec(direction: Direction, stride: int) -> TransferSpec:
+        blocks = tuple(range(0, num_blocks * stride, stride))[: num_blocks // stride]
+        return TransferSpec(direction, blocks, blocks)
+
+    def median(make) -> float:
+        return statistics.median(timed(*make()) for _ in range(repeats))
+
+    one_run = median(lambda: [spec(Direction.D2H, 1)])
+    scattered = median(lambda: [spec(Direction.D2H, 2)])  # num_blocks/2 runs of one block
+    both = median(lambda: [spec(Direction.D2H, 1), spec(Direction.H2D, 1)])
+    num_bytes = num_blocks * block_bytes
+    gbps = num_bytes / one_run / 1e9
+    num_runs = num_blocks // 2
+    overhead = max(0.0, (scattered - (num_runs * block_bytes) / (gbps * 1e9)) / num_runs)
+    return {
+        "gbps_per_direction": round(gbps, 3),
+        "copy_overhead_s": overhead,
+        "is_full_duplex": both < 1.5 * one_run,
+        "both_directions_over_one": round(both / one_run, 3),
+        "bytes_per_block": block_bytes,
+    }
+
+
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def calibrate(options: CalibrationOptions) -> FittedPredictor:
+    engine = build_engine(options)
+    try:
+        started = time.perf_counter()
+        samples = collect_samples(engine, options)
+        link = measure_link(engine)
+    finally:
+        engine.close()
+    meta = {
+        "model": engine.model_config.name or options.model,
+        "dtype": options.dtype, "device": str(engine.device), "machine": platform.machine(),
+        "processor": platform.processor() or platform.platform(),
+        "engine": {"max_num_seqs": options.max_num_seqs, "block_size": options.block_size,
+                   "max_num_batched_tokens": options.max_num_batched_tokens,
+                   "pipeline": options.pipeline},
+        "link": link, "calibration_s": round(time.perf_counter() - started, 1),
+        "torch_threads": torch_threads(),
+        "date": time.strftime("%Y-%m-%d"),
+        "note": "timed on a shared 2-core machine; other jobs add noise",
+    }  # fmt: skip
+    return FittedPredictor.fit(median_samples(samples), meta)
+
+
+def median_samples(samples: list[StepSample]) -> list[StepSample]:
+    """One sample per distinct batch shape, with the median times of its repeats.
+
+    The grid is deterministic, so each pass times the same shapes; the median keeps a
+    step slowed by another job on a shared machine from pulling the fit."""
+    groups: dict[BatchShape, list[StepSample]] = {}
+    for sample in samples:
+        groups.setdefault(sample.batch, []).append(sample)
+    return [
+        StepSample(batch, statistics.median(s.forward_s for s in group),
+                   statistics.median(s.host_s for s in group))
+        for batch, group in groups.items()
+    ]  # fmt: skip

@@ -1,0 +1,189 @@
+"""The simulated engine: the real `core` scheduler, KV manager and policy, driven in
+virtual time by a predicted-time model runner and a `SimTransferEngine`.
+
+Its step mirrors `superinfer.engine.llm_engine.LLMEngine.step`:
+
+    without the pipeline   schedule(t) -> submit copies -> forward starts once the host work
+                           is done and the swap-ins landed -> update_from_output at its end
+    with the pipeline      schedule step k+1 at t while step k computes -> submit copies ->
+                           fill step k when its forward ends -> prune k+1 -> launch it once
+                           its swap-ins landed (advance) -> the loop comes round at once
+
+Arrivals wait in an inbox until the loop comes round (the benchmark replay adds them
+between steps); finished copies are polled at the start of each step. An engine with
+nothing to run goes idle and an arrival or a finished copy wakes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from superinfer.core.outputs import SchedulerOutput
+from superinfer.core.request import Request
+from superinfer.core.scheduler import Scheduler
+from superinfer.sim.events import EngineStep, Event, StepDone, StepLaunch
+from superinfer.sim.runner import SimModelRunner
+from superinfer.sim.transfer import SimTransferEngine
+
+
+@dataclass
+class UsageSample:
+    """A point of the KV-usage timeline."""
+
+    time: float
+    num_running: int
+    num_waiting: int
+    num_swapped: int
+    device_usage: float
+    host_usage: float
+    num_swap_outs: int
+    num_preemptions: int
+
+
+class SimEngine:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        runner: SimModelRunner,
+        transfer: SimTransferEngine,
+        is_pipelined: bool = True,
+        check_invariants_every: int = 0,
+        timeline_interval_s: float | None = None,
+    ) -> None:
+        self.scheduler = scheduler
+        self.runner = runner
+        self.transfer = transfer
+        self.is_pipelined = is_pipelined
+        self.check_invariants_every = check_invariants_every
+        self.timeline_interval_s = timeline_interval_s
+        self.timeline: list[UsageSample] = []
+        self.rejected: list[Request] = []
+        self._inbox: list[Request] = []
+        self._inflight: tuple[SchedulerOutput, float] | None = None  # (step, forward end)
+        self._is_busy = False  # an engine event is in the heap
+        self._next_sample = 0.0
+
+    # --- outside events -------------------------------------------------------------------
+    def on_arrival(self, now: float, request: Request) -> Iterable[Event]:
+        if not self._is_servable(request):
+            self.rejected.append(request)
+            return []
+        self._inbox.append(request)
+        return self._wake(now)
+
+    def _is_servable(self, request: Request) -> bool:
+        """False for a prompt the model cannot take or one the device pool can never hold
+        (a real server answers 400 to the first; the second would wait forever)."""
+        scheduler = self.scheduler
+        if request.num_prompt_tokens >= scheduler.config.max_model_len:
+            return False
+        return (
+            scheduler.kv.num_blocks_for(request.num_prompt_tokens + 1)
+            <= scheduler.kv.device.num_blocks
+        )
+
+    def on_transfer_done(self, now: float, transfer_id: int) -> Iterable[Event]:
+        self.transfer.mark_done(transfer_id)
+        return self._wake(now)
+
+    def _wake(self, now: float) -> list[Event]:
+        if self._is_busy:
+            return []
+        self._is_busy = True
+        return [EngineStep(now)]
+
+    # --- the step -------------------------------------------------------------------------
+    def step(self, now: float) -> list[Event]:
+        """The loop comes round: take arrivals and finished copies, schedule, copy."""
+        scheduler = self.scheduler
+        for request in self._inbox:
+            scheduler.add_request(request)
+        self._inbox = []
+        scheduler.complete_transfers(self.transfer.poll_finished())
+        output = scheduler.schedule(now)
+        for spec in output.transfers:
+            self.transfer.submit(spec)
+        host_done = now + self.runner.host_time(output)
+        if self.is_pipelined:
+            return self._after_schedule_pipelined(now, output, host_done)
+        return self._after_schedule(now, output, host_done)
+
+    def _after_schedule(self, now: float, output: SchedulerOutput, host_done: float) -> list[Event]:
+        if output.is_empty and not output.finished_request_ids:
+            return self._idle()
+        start = max(host_done, self.transfer.ready_time(output.swap_in_transfer_ids))
+        end = start + self.runner.duration(output)
+        return [StepDone(end, output)]
+
+    def finish_step(self, now: float, output: SchedulerOutput) -> list[Event]:
+        self.transfer.wait(output.swap_in_transfer_ids)
+        self.scheduler.update_from_output(output, self.runner.execute(output), now)
+        self._after_update(now)
+        return [EngineStep(now)]
+
+    def _after_schedule_pipelined(
+        self, now: float, output: SchedulerOutput, host_done: float
+    ) -> list[Event]:
+        if self._inflight is None and output.is_empty and not output.finished_request_ids:
+            return self._idle()
+        fill_time = max(host_done, self._inflight[1]) if self._inflight else host_done
+        start = max(fill_time, self.transfer.ready_time(output.swap_in_transfer_ids))
+        return [StepLaunch(start, output, fill_time)]
+
+    def launch(self, now: float, output: SchedulerOutput, fill_time: float) -> list[Event]:
+        """Fill the step in flight (at `fill_time`), then launch `output` at `now`."""
+        scheduler = self.scheduler
+        if self._inflight is not None:
+            previous = self._inflight[0]
+            self._inflight = None
+            scheduler.fill(previous, self.runner.execute(previous), fill_time)
+        scheduler.prune(output)
+        self.transfer.wait(output.swap_in_transfer_ids)
+        if output.sequences or output.finished_request_ids:
+            end = now + self.runner.duration(output)
+            self._inflight = (output, end)
+            self.transfer.record_compute(end)
+            scheduler.advance(output)
+        self._after_update(now)
+        return [EngineStep(now)]
+
+    def _idle(self) -> list[Event]:
+        self._is_busy = False
+        return []
+
+    def _after_update(self, now: float) -> None:
+        every = self.check_invariants_every
+        if every and self.runner.counters.num_steps % every == 0:
+            self.scheduler.check_invariants()
+        if self.timeline_interval_s is not None and now >= self._next_sample:
+            self._sample(now)
+            self._next_sample = now + self.timeline_interval_s
+
+    def _sample(self, now: float) -> None:
+        s, kv = self.scheduler, self.scheduler.kv
+        self.timeline.append(UsageSample(
+            now, len(s.running), len(s.waiting), len(s.swapped), kv.device.usage, kv.host.usage,
+            s.stats.num_swap_outs, s.stats.num_preemptions,
+        ))  # fmt: skip
+
+    # --- the end --------------------------------------------------------------------------
+    @property
+    def has_work(self) -> bool:
+        return (
+            bool(self._inbox)
+            or self.scheduler.has_unfinished_requests
+            or self._inflight is not None
+        )
+
+    def abort_all(self, now: float) -> list[Request]:
+        """Stop at `now`: abort every request not finished; returns them."""
+        aborted = self._inbox
+        self._inbox = []
+        for request_id in list(self.scheduler.requests):
+            aborted.append(self.scheduler.abort_request(request_id, now))
+        if self._inflight is not None:
+            self._inflight = None
+            self.scheduler.kv.end_step_fence()
+        self.scheduler.complete_transfers(self.transfer.drain())
+        return aborted
