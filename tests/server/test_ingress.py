@@ -129,7 +129,7 @@ def test_body_too_large_is_413(server):
 
 
 def test_duplicate_request_id_is_400_while_the_first_runs(server):
-    body = {**OK_BODY, "max_tokens": 40, "ignore_eos": True, "request_id": "dup-1"}
+    body = {**OK_BODY, "max_tokens": 400, "ignore_eos": True, "request_id": "dup-1"}
     with httpx.Client(timeout=120, headers=server.headers) as client:
         server.num_posts += 1
         with client.stream(
