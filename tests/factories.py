@@ -132,3 +132,16 @@ def run_pipelined(scheduler: Scheduler, max_steps: int = 10_000, abort_at: dict 
     scheduler.complete_transfers(pending)
     scheduler.check_invariants()
     assert not scheduler.has_unfinished_requests, "did not finish"
+
+
+def run_roomy_and_tight(policy: str, make_workload, num_tight_blocks: int = 14):
+    """Run the same workload on an ample and on a tight device pool; returns
+    (roomy scheduler, tight scheduler, roomy requests, tight requests)."""
+    roomy = make_scheduler(policy, num_device_blocks=256)
+    tight = make_scheduler(policy, num_device_blocks=num_tight_blocks)
+    reference, pressured = make_workload(), make_workload()
+    for scheduler, requests in ((roomy, reference), (tight, pressured)):
+        for r in requests:
+            scheduler.add_request(r)
+        run_to_completion(scheduler)
+    return roomy, tight, reference, pressured

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from superinfer.sampling_params import SamplingParams
 from superinfer.slo import SLOTargets
 
-
 PLACEHOLDER = -1  # an output token whose value is still being sampled (pipelined steps)
 
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from superinfer.core.request import PLACEHOLDER, Request
-from superinfer.engine.llm_engine import LLMEngine
-from superinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from superinfer.engine.llm_engine import LLMEngine, metrics_of
+from superinfer.outputs import CompletionOutput, RequestOutput
 from superinfer.sampling_params import SamplingParams
 from superinfer.slo import SLOTargets
 
@@ -186,7 +186,7 @@ class AsyncEngine:
         def run() -> None:
             try:
                 future.set_result(fn(self.engine))
-            except BaseException as error:  # noqa: BLE001 - handed to the caller
+            except BaseException as error:
                 future.set_exception(error)
 
         self._submit(run)
@@ -273,7 +273,7 @@ class AsyncEngine:
             self.engine.add_request(
                 add.prompt, add.params, add.request_id, add.arrival_time, add.priority, add.slo
             )
-        except Exception as error:  # noqa: BLE001 - the request's error, handed to its stream
+        except Exception as error:
             self._deliver([(add.request_id, error)])
             return
         self._active.add(add.request_id)
@@ -359,18 +359,7 @@ def aborted_output(request: Request) -> RequestOutput:
     being sampled when it was aborted is left out)."""
     token_ids = [t for t in request.output_token_ids if t != PLACEHOLDER]
     completion = CompletionOutput(0, "", token_ids, "abort")
-    metrics = RequestMetrics(
-        arrival_time=request.arrival_time,
-        first_scheduled_time=request.first_scheduled_time,
-        first_token_time=request.first_token_time,
-        last_token_time=request.last_token_time,
-        finished_time=request.finished_time,
-        num_preemptions=request.num_preemptions,
-        num_swap_outs=request.num_swap_outs,
-        num_cached_prompt_tokens=request.num_cached_prompt_tokens,
-        token_times=list(request.output_token_times),
-        slo=request.slo,
-    )
+    metrics = metrics_of(request)
     return RequestOutput(
         request.request_id, None, request.prompt_token_ids, [completion], finished=True,
         metrics=metrics,

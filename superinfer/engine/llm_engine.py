@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 import torch
 
@@ -33,7 +33,7 @@ from superinfer.slo import SLOTargets
 
 logger = logging.getLogger(__name__)
 
-PromptType = Union[str, Mapping[str, Any]]  # text, or {"prompt_token_ids": [...]}
+PromptType = str | Mapping[str, Any]  # text, or {"prompt_token_ids": [...]}
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -51,6 +51,22 @@ def resolve_device(name: str) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("device cuda was asked for but CUDA is not available")
     return torch.device(name)
+
+
+def metrics_of(request: Request, with_token_times: bool = True) -> RequestMetrics:
+    """A request's timestamps and counters (token times only when asked: they grow)."""
+    return RequestMetrics(
+        arrival_time=request.arrival_time,
+        first_scheduled_time=request.first_scheduled_time,
+        first_token_time=request.first_token_time,
+        last_token_time=request.last_token_time,
+        finished_time=request.finished_time,
+        num_preemptions=request.num_preemptions,
+        num_swap_outs=request.num_swap_outs,
+        num_cached_prompt_tokens=request.num_cached_prompt_tokens,
+        token_times=list(request.output_token_times) if with_token_times else [],
+        slo=request.slo,
+    )
 
 
 class LLMEngine:
@@ -246,18 +262,7 @@ class LLMEngine:
             0, tracked.detokenizer.text, list(tracked.detokenizer.token_ids), finish_reason,
             stop_reason,
         )  # the detokenizer's ids: the request's own may end in the next step's placeholder
-        metrics = RequestMetrics(
-            arrival_time=request.arrival_time,
-            first_scheduled_time=request.first_scheduled_time,
-            first_token_time=request.first_token_time,
-            last_token_time=request.last_token_time,
-            finished_time=request.finished_time,
-            num_preemptions=request.num_preemptions,
-            num_swap_outs=request.num_swap_outs,
-            num_cached_prompt_tokens=request.num_cached_prompt_tokens,
-            token_times=list(request.output_token_times) if finish_reason else [],
-            slo=request.slo,
-        )
+        metrics = metrics_of(request, with_token_times=finish_reason is not None)
         return RequestOutput(
             request.request_id, tracked.prompt, request.prompt_token_ids, [completion],
             finished=finish_reason is not None, metrics=metrics, new_text=new_text,

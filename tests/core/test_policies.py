@@ -8,7 +8,13 @@ from superinfer.core.policies import MemoryState, available_policies
 from superinfer.core.policies.rotasched import virtual_lag_time
 from superinfer.core.request import RequestStatus
 from superinfer.slo import SLOTargets
-from tests.factories import fake_model_output, make_request, make_scheduler, run_to_completion
+from tests.factories import (
+    fake_model_output,
+    make_request,
+    make_scheduler,
+    run_roomy_and_tight,
+    run_to_completion,
+)
 
 ALL_POLICIES = ["rotasched", "ddps", "edf", "priority", "fcfs-recompute", "fcfs-swap"]
 
@@ -44,14 +50,7 @@ def test_outputs_under_memory_pressure_equal_the_unconstrained_run(policy):
             for i in range(10)
         ]  # fmt: skip
 
-    roomy, tight = make_scheduler(policy, num_device_blocks=256), make_scheduler(policy, num_device_blocks=14)
-    reference, pressured = workload(), workload()
-    for r in reference:
-        roomy.add_request(r)
-    for r in pressured:
-        tight.add_request(r)
-    run_to_completion(roomy)
-    run_to_completion(tight)
+    _, tight, reference, pressured = run_roomy_and_tight(policy, workload)
     assert [r.output_token_ids for r in pressured] == [r.output_token_ids for r in reference]
     moved = tight.stats.num_preemptions + tight.stats.num_swap_outs
     assert moved > 0 and all(r.is_finished for r in pressured)

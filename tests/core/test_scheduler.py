@@ -11,6 +11,7 @@ from tests.factories import (
     fake_model_output,
     make_request,
     make_scheduler,
+    run_roomy_and_tight,
     run_to_completion,
 )
 
@@ -29,15 +30,7 @@ def workload(n=8):
 
 @pytest.mark.parametrize("policy", ["fcfs-recompute", "fcfs-swap"])
 def test_memory_pressure_gives_the_same_outputs(policy):
-    roomy = make_scheduler(policy, num_device_blocks=256)
-    tight = make_scheduler(policy, num_device_blocks=14)
-    reference, pressured = workload(), workload()
-    for r in reference:
-        roomy.add_request(r)
-    for r in pressured:
-        tight.add_request(r)
-    run_to_completion(roomy)
-    run_to_completion(tight)
+    roomy, tight, reference, pressured = run_roomy_and_tight(policy, workload)
     assert outputs_of(pressured) == outputs_of(reference)
     assert roomy.stats.num_preemptions == roomy.stats.num_swap_outs == 0
     if policy == "fcfs-recompute":

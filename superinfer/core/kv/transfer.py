@@ -85,5 +85,5 @@ class TransferEngine(ABC):
         Completed ids are still reported by the next `poll_finished`.
         """
 
-    def close(self) -> None:  # noqa: B027 - optional hook
+    def close(self) -> None:
         """Release worker threads or streams."""

@@ -1,6 +1,6 @@
 """Scheduling policies, chosen by name (`create_policy("fcfs-swap")`)."""
 
-from superinfer.core.policies import deadline, fcfs, priority, rotasched  # noqa: F401 (register)
+from superinfer.core.policies import deadline, fcfs, priority, rotasched
 from superinfer.core.policies.base import (
     MemoryState,
     SchedulingPolicy,

@@ -112,7 +112,7 @@ class KVTransferEngine(TransferEngine):
     def stats(self) -> TransferStats:
         """A snapshot of the counters."""
 
-    def record_compute(self, stream: object | None = None) -> None:  # noqa: B027 - optional
+    def record_compute(self, stream: object | None = None) -> None:
         """Mark the end of the forward just launched on `stream` (default: current stream).
 
         Device->host copies submitted afterwards start only once that forward is done. A
