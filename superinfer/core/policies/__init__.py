@@ -1,6 +1,7 @@
 """Scheduling policies, chosen by name (`create_policy("fcfs-swap")`)."""
 
-from superinfer.core.policies import deadline, fcfs, priority, rotasched
+# imported for their side effect: each module registers its policies by name
+from superinfer.core.policies import deadline, fcfs, priority, rotasched  # noqa: F401
 from superinfer.core.policies.base import (
     MemoryState,
     SchedulingPolicy,
