@@ -74,6 +74,8 @@ class LLMEngine:
         self.config = config = config or EngineConfig()
         self.clock = clock
         self.device = resolve_device(config.model.device)
+        pipeline = config.scheduler.pipeline
+        self.is_pipelined = self.device.type == "cuda" if pipeline is None else pipeline
         dtype = _DTYPES[config.model.dtype]
         loaded = load_model(config.model.model, dtype, self.device)
         self.model_config = loaded.config
@@ -193,7 +195,7 @@ class LLMEngine:
     # --- the step -------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """One scheduler step; returns the outputs of requests that advanced."""
-        if self.config.scheduler.pipeline:
+        if self.is_pipelined:
             return self._step_pipelined()
         self.scheduler.complete_transfers(self.transfer.poll_finished())
         output = self.scheduler.schedule(self.clock())

@@ -60,7 +60,7 @@ class StepTimer:
 
     def __init__(self, engine) -> None:
         self.engine = engine
-        self.is_pipelined = engine.config.scheduler.pipeline
+        self.is_pipelined = engine.is_pipelined
         self._timed: list[_TimedStep] = []
         self._current: _TimedStep | None = None
         self._blocked_s = 0.0
