@@ -18,7 +18,6 @@ from superinfer.sim.events import Arrival, TransferDone
 from superinfer.sim.fitted import FittedPredictor
 from superinfer.sim.hardware import GIB, HardwareProfile, get_hardware
 from superinfer.sim.models import ModelProfile, get_model
-from superinfer.sim.pools import use_counting_pools
 from superinfer.sim.predictor import StepTimePredictor
 from superinfer.sim.roofline import RooflinePredictor
 from superinfer.sim.runner import SimModelRunner
@@ -118,10 +117,10 @@ def build_engine(system: SimSystem, loop: EventLoop) -> SimEngine:
         max_model_len=system.max_model_len, policy=config.policy,
         rotation_budget=config.rotation_budget, pipeline=config.pipeline,
     )  # fmt: skip
-    kv = use_counting_pools(TwoTierKVManager(
+    kv = TwoTierKVManager(
         system.num_device_blocks, system.num_host_blocks, config.block_size,
         config.enable_prefix_caching,
-    ))  # fmt: skip
+    )  # fmt: skip
     scheduler = Scheduler(scheduler_config, kv, create_policy(config.policy, scheduler_config))
     hardware, model = system.hardware, system.model
     link = LinkModel(

@@ -28,6 +28,7 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.is_caching = enable_caching
         self.ref_counts = [0] * num_blocks
+        self._num_used = 0  # blocks with ref > 0, kept as they change (asked every step)
         self.num_inflight = [0] * num_blocks  # copies into or out of each block
         # Insertion order = eviction order (least recently freed first). Values unused.
         self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
@@ -41,7 +42,7 @@ class BlockPool:
 
     @property
     def num_used_blocks(self) -> int:
-        return sum(1 for r in self.ref_counts if r > 0)
+        return self._num_used
 
     @property
     def num_quarantined_blocks(self) -> int:
@@ -65,6 +66,7 @@ class BlockPool:
             self._evict(block)
             self.ref_counts[block] = 1
             blocks.append(block)
+        self._num_used += num_blocks
         return blocks
 
     def incref(self, block: int) -> None:
@@ -72,6 +74,8 @@ class BlockPool:
         one: its content stays valid while a copy reads it, and the copy's end then finds
         it owned again."""
         self._free.pop(block, None)
+        if self.ref_counts[block] == 0:
+            self._num_used += 1
         self.ref_counts[block] += 1
 
     def free(self, blocks: Iterable[int]) -> None:
@@ -81,6 +85,7 @@ class BlockPool:
                 raise KVInvariantError(f"{self.name}: double free of block {block}")
             self.ref_counts[block] -= 1
             if self.ref_counts[block] == 0:
+                self._num_used -= 1
                 if not self.is_caching:
                     self._evict(block)
                 self._release_if_idle(block)
@@ -132,6 +137,8 @@ class BlockPool:
                 raise KVInvariantError(
                     f"{self.name}: block {block} free={is_free} ref={ref} inflight={inflight}"
                 )
+        if self._num_used != sum(1 for r in self.ref_counts if r > 0):
+            raise KVInvariantError(f"{self.name}: used-block count {self._num_used} is off")
         for block, block_hash in self.block_hash.items():
             if self.hash_to_block.get(block_hash) != block:
                 raise KVInvariantError(f"{self.name}: cache maps disagree on block {block}")
