@@ -158,12 +158,26 @@ class Scheduler:
         target = self.policy.rotation_target(memory)
         num_free = memory.num_free_device_blocks
         while num_free < target:
-            victim = self.policy.pick_victim(self.running, now)
+            victim = self._pick_rotation_victim(now)
             if victim is None or not self.kv.can_swap_out(victim):
                 return
             num_free += self.kv.num_blocks_freed_by_swap_out(victim)
             self._preempt(victim, plan, now)
             self.stats.num_proactive_rotations += 1
+
+    def _pick_rotation_victim(self, now: float) -> Request | None:
+        """The policy's victim among the lowest class that has one (all classes alike
+        without reservations), so higher classes are rotated out last."""
+        if not self.reservations.is_enabled:
+            return self.policy.pick_victim(self.running, now)
+        by_rank: dict[int, list[Request]] = {}
+        for request in self.running:
+            by_rank.setdefault(self.reservations.rank(request), []).append(request)
+        for rank in sorted(by_rank, reverse=True):
+            victim = self.policy.pick_victim(by_rank[rank], now)
+            if victim is not None:
+                return victim
+        return None
 
     def _schedule_running(self, plan: _StepPlan, now: float) -> None:
         for request in self.policy.order_running(self.running, now):

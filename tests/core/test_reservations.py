@@ -49,3 +49,22 @@ def test_token_budget_share_is_kept_for_a_class_with_work():
     out = s.schedule(0.1)
     counts = {q.request_id: q.num_query_tokens for q in out.sequences}
     assert counts["b"] <= 20 and counts["g"] >= 20
+
+
+def test_proactive_rotation_takes_lower_classes_first():
+    s = make_scheduler("rotasched", num_device_blocks=20, block_size=4, rotation_budget=4,
+                       max_num_batched_tokens=256,
+                       class_reservations={"gold": (0.0, 0.0), "bronze": (0.0, 0.0)})  # fmt: skip
+    gold = classed(make_request(20, max_tokens=40, arrival_time=0.0, request_id="gold"), "gold")
+    bronze = [classed(make_request(20, max_tokens=40, arrival_time=0.01, request_id=f"b{i}"), "bronze")
+              for i in range(2)]  # fmt: skip
+    for r in [gold, *bronze]:
+        s.add_request(r)
+    pending: list[int] = []
+    step(s, 0.0, pending)  # gold entered first: it is the longest resident
+    s.add_request(classed(make_request(12, max_tokens=4, arrival_time=0.05, request_id="new"), "bronze"))
+    rotated: list[str] = []
+    for t in range(1, 12):
+        rotated += step(s, t * 0.1, pending).swapped_out_request_ids
+    assert rotated and "gold" not in rotated
+    run_to_completion(s, pending=pending, now=2.0)
