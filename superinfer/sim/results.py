@@ -122,7 +122,7 @@ def run_stats(run: SimRun) -> dict[str, Any]:
         "num_proactive_rotations": sched.num_proactive_rotations,
         "num_writeback_blocks": kv.num_writeback_blocks,
         "kv_gb_d2h": transfer.d2h.num_bytes / 1e9, "kv_gb_h2d": transfer.h2d.num_bytes / 1e9,
-        "link_busy_s_d2h": transfer.d2h.busy_s, "link_busy_s_h2d": transfer.h2d.busy_s,
+        "link_busy_s_d2h": transfer.d2h.seconds, "link_busy_s_h2d": transfer.h2d.seconds,
         "num_copy_calls": transfer.d2h.num_copy_calls + transfer.h2d.num_copy_calls,
         "num_events": run.loop.num_events, "end_time_s": run.end_time,
     }  # fmt: skip

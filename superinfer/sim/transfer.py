@@ -18,9 +18,15 @@ Virtual time cannot block: the engine asks `ready_time(ids)` and starts its forw
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from superinfer.core.kv.transfer import Direction, TransferEngine, TransferSpec, merge_into_runs
+from superinfer.core.kv.transfer import (
+    Direction,
+    TransferEngine,
+    TransferSpec,
+    TransferStats,
+    merge_into_runs,
+)
 
 MODES = ("duplex", "naive")
 
@@ -38,24 +44,6 @@ class LinkModel:
     def copy_time(self, num_blocks: int, num_copies: int) -> float:
         num_bytes = num_blocks * self.bytes_per_block
         return num_copies * self.copy_overhead_s + num_bytes / (self.gbps_per_direction * 1e9)
-
-
-@dataclass
-class LaneStats:
-    num_transfers: int = 0
-    num_blocks: int = 0
-    num_bytes: int = 0
-    num_copy_calls: int = 0
-    busy_s: float = 0.0
-
-
-@dataclass
-class SimTransferStats:
-    d2h: LaneStats = field(default_factory=LaneStats)
-    h2d: LaneStats = field(default_factory=LaneStats)
-
-    def of(self, direction: Direction) -> LaneStats:
-        return self.d2h if direction is Direction.D2H else self.h2d
 
 
 class SimTransferEngine(TransferEngine):
@@ -78,7 +66,7 @@ class SimTransferEngine(TransferEngine):
         self._end_at: dict[int, float] = {}  # pending transfers
         self._done: list[int] = []
         self._compute_fence = 0.0
-        self.stats = SimTransferStats()
+        self.stats = TransferStats()
 
     def _lane(self, direction: Direction) -> Direction:
         return Direction.D2H if self.is_one_lane else direction
@@ -98,17 +86,9 @@ class SimTransferEngine(TransferEngine):
         end = start + duration
         self._lane_free_at[lane] = end
         self._end_at[spec.transfer_id] = end
-        self._record(spec, num_copies, duration)
+        self.stats.record(spec, self.link.bytes_per_block, num_copies, duration)
         if self.on_submit is not None:
             self.on_submit(spec.transfer_id, end)
-
-    def _record(self, spec: TransferSpec, num_copies: int, duration: float) -> None:
-        stats = self.stats.of(spec.direction)
-        stats.num_transfers += 1
-        stats.num_blocks += spec.num_blocks
-        stats.num_bytes += spec.num_blocks * self.link.bytes_per_block
-        stats.num_copy_calls += num_copies
-        stats.busy_s += duration
 
     def record_compute(self, forward_end: float) -> None:
         """A forward ending at `forward_end` was launched: later D2H copies wait for it."""

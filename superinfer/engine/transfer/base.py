@@ -4,13 +4,19 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any
 
 import torch
 
-from superinfer.core.kv.transfer import Direction, TransferEngine, TransferSpec, merge_into_runs
+from superinfer.core.kv.transfer import (  # noqa: F401 (stats re-exported)
+    Direction,
+    DirectionStats,
+    TransferEngine,
+    TransferSpec,
+    TransferStats,
+    merge_into_runs,
+)
 from superinfer.engine.kv_cache import KVCacheTiers
 
 # "duplex": one lane per direction, one copy per run of consecutive blocks (DuplexKV).
@@ -36,53 +42,6 @@ class TransferError(RuntimeError):
         )
         self.transfer_id = spec.transfer_id
         self.direction = spec.direction
-
-
-@dataclass
-class DirectionStats:
-    """Counters of one direction.
-
-    `seconds` adds up the time each transfer spent copying (not time queued behind earlier
-    ones), so in duplex mode the two directions' seconds overlap in wall time.
-    """
-
-    num_transfers: int = 0
-    num_blocks: int = 0
-    num_bytes: int = 0
-    num_copy_calls: int = 0
-    seconds: float = 0.0
-
-    @property
-    def gb_per_s(self) -> float:
-        return self.num_bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
-
-
-@dataclass
-class TransferStats:
-    """Counters per direction; engines hand out copies, so readers never see torn values."""
-
-    d2h: DirectionStats = field(default_factory=DirectionStats)
-    h2d: DirectionStats = field(default_factory=DirectionStats)
-
-    def of(self, direction: Direction) -> DirectionStats:
-        return self.d2h if direction is Direction.D2H else self.h2d
-
-    @property
-    def num_copy_calls(self) -> int:
-        return self.d2h.num_copy_calls + self.h2d.num_copy_calls
-
-    def record(
-        self, spec: TransferSpec, bytes_per_block: int, num_copy_calls: int, seconds: float
-    ) -> None:
-        stats = self.of(spec.direction)
-        stats.num_transfers += 1
-        stats.num_blocks += spec.num_blocks
-        stats.num_bytes += spec.num_blocks * bytes_per_block
-        stats.num_copy_calls += num_copy_calls
-        stats.seconds += seconds
-
-    def copy(self) -> TransferStats:
-        return TransferStats(d2h=replace(self.d2h), h2d=replace(self.h2d))
 
 
 class KVTransferEngine(TransferEngine):
