@@ -43,6 +43,25 @@ def add_bench_parser(sub: Any) -> None:
     add_endpoint_flags(serve)
     add_workload_flags(serve)
     add_output_flags(serve)
+    _add_sweep_parser(commands)
+
+
+def _add_sweep_parser(commands: Any) -> None:
+    from superinfer.bench.sweep import add_sweep_flags
+
+    sweep = commands.add_parser(
+        "sweep",
+        help="run bench serve over request rates for several systems or policies, then plot",
+        description="For each system (a superinfer policy started as `superinfer serve`, or an "
+        "external endpoint) and each request rate: start the server on a free port (or use the "
+        "given URL), wait for /health, warm it, run the same request sequence (same seed), stop "
+        "it, and save one JSON per point; then plot attainment vs rate, TTFT/TPOT CDFs and the "
+        "KV timeline of the heaviest point. See docs/bench.md.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add_sweep_flags(sweep)
+    add_workload_flags(sweep, with_rate=False)
+    add_endpoint_flags(sweep, for_sweep=True)
 
 
 def add_endpoint_flags(parser: argparse.ArgumentParser, for_sweep: bool = False) -> None:
@@ -189,6 +208,10 @@ def parse_percentiles(text: str) -> tuple[float, ...]:
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    if args.bench_command == "sweep":
+        from superinfer.bench.sweep import run_sweep_command
+
+        return run_sweep_command(args)
     return run_serve_command(args)
 
 

@@ -99,3 +99,22 @@ def test_metrics_timeline_was_scraped(result):
     assert timeline and all("vllm:kv_cache_usage_perc" in point for point in timeline)
     assert any(point["vllm:num_requests_running"] > 0 for point in timeline)
     assert "superinfer:rotations_total" in timeline[-1]
+
+
+def test_sweep_against_an_external_server(bench_server, tmp_path):
+    """One point through `bench sweep --external`: JSON per point, summary and plots."""
+    code = main([
+        "bench", "sweep", "--external", f"local={bench_server.url}", "--api-key", API_KEY,
+        "--request-rates", "4", "--dataset-name", "random", "--random-input-len", "16",
+        "--random-output-len", "4", "--num-prompts", "4", "--num-warmups", "1",
+        "--slo-classes", "loose=1", "--slo-config", str(bench_server.tmp / "slo.yaml"),
+        "--metrics-interval", "0.2", "--disable-tqdm", "--output-dir", str(tmp_path),
+    ])  # fmt: skip
+    assert code == 0
+    point = json.loads((tmp_path / "local_rate4.json").read_text())
+    assert (point["system"], point["request_rate"], point["completed"]) == ("local", 4.0, 4)
+    assert point["slo_attainment"] == 1.0 and point["metrics_timeline"]
+    summary = json.loads((tmp_path / "sweep.json").read_text())
+    assert [(p["system"], p["completed"]) for p in summary["points"]] == [("local", 4)]
+    for name in ("attainment_vs_rate.png", "latency_cdfs.png", "kv_timeline.png"):
+        assert (tmp_path / name).stat().st_size > 1000
