@@ -8,14 +8,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -23,7 +23,7 @@ from superinfer.server.debug import engine_report
 from superinfer.server.errors import APIError, bad_request, error_body
 from superinfer.server.generation import SSEResponse, collect_response, stream_response
 from superinfer.server.ingress import IngressStamp, arrival_of
-from superinfer.server.prepare import error_for_validation
+from superinfer.server.prepare import PreparedRequest, error_for_validation
 from superinfer.server.protocol import ChatCompletionRequest, CompletionRequest
 from superinfer.server.state import Rejection, ServerState
 
@@ -32,8 +32,13 @@ logger = logging.getLogger(__name__)
 MAX_BODY_BYTES = 16 << 20
 
 
-def build_app(state: ServerState) -> IngressStamp:
-    """The ASGI app serving `state`."""
+GenerateHandler = Callable[[ServerState, Request, type], Awaitable[Response]]
+
+
+def build_app(state: ServerState, generate: GenerateHandler | None = None) -> IngressStamp:
+    """The ASGI app serving `state`; `generate` answers the two generation routes (default:
+    on this process's engine; the Ray Serve ingress passes one that runs on replicas)."""
+    generate = generate or _generate
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -48,11 +53,11 @@ def build_app(state: ServerState) -> IngressStamp:
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await _generate(state, request, CompletionRequest)
+        return await generate(state, request, CompletionRequest)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        return await _generate(state, request, ChatCompletionRequest)
+        return await generate(state, request, ChatCompletionRequest)
 
     if state.config.enable_debug_routes:
 
@@ -90,7 +95,7 @@ def _add_info_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(await state.metrics_text(), media_type=CONTENT_TYPE_LATEST)
 
 
 def _add_error_handlers(app: FastAPI) -> None:
@@ -117,16 +122,8 @@ async def _generate(state: ServerState, request: Request, body_type: type) -> Re
     arrival = arrival_of(request.scope)
     rejection = Rejection(arrival, request_id=request.headers.get("x-request-id"))
     try:
-        state.check_auth(request.headers)
-        state.check_ready()
-        body = _parse(body_type, await _read_json(request))
-        rejection.request_id = body.request_id or rejection.request_id
-        state.check_model(body.model)
-        assert state.preparer is not None
-        prepared = state.preparer.prepare(body, request.headers, arrival)
-        rejection.targets, rejection.priority = prepared.slo.targets, prepared.priority
-        rejection.num_prompt_tokens = len(prepared.prompt_token_ids)
-        stream, inflight = state.admit(prepared, arrival, _expected_tokens(body, prepared))
+        prepared, expected_tokens = await prepare_request(state, request, body_type, rejection)
+        stream, inflight = state.admit(prepared, arrival, expected_tokens)
     except APIError as error:
         state.reject(error, rejection)
         return error.response()
@@ -136,6 +133,24 @@ async def _generate(state: ServerState, request: Request, body_type: type) -> Re
     return await collect_response(
         state, stream, inflight, body_type is ChatCompletionRequest, request
     )
+
+
+async def prepare_request(
+    state: ServerState, request: Request, body_type: type, rejection: Rejection
+) -> tuple[PreparedRequest, int]:
+    """Auth, readiness, body, model and SLO checks (raise APIError); returns the prepared
+    request and the output tokens the deadline estimate assumes. Fills `rejection` with
+    what is known, for the record of a request rejected later."""
+    state.check_auth(request.headers)
+    state.check_ready()
+    body = _parse(body_type, await _read_json(request))
+    rejection.request_id = body.request_id or rejection.request_id
+    state.check_model(body.model)
+    assert state.preparer is not None
+    prepared = state.preparer.prepare(body, request.headers, rejection.arrival)
+    rejection.targets, rejection.priority = prepared.slo.targets, prepared.priority
+    rejection.num_prompt_tokens = len(prepared.prompt_token_ids)
+    return prepared, _expected_tokens(body, prepared)
 
 
 async def _read_json(request: Request) -> dict[str, Any]:

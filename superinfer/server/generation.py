@@ -112,8 +112,20 @@ async def collect_response(
     request: Request,
 ) -> JSONResponse:
     """The whole answer as one body; aborts the request if the client disconnects."""
-    prepared = inflight.prepared
     watcher = asyncio.create_task(_abort_on_disconnect(state, inflight, request))
+    try:
+        status, body = await collect_body(state, stream, inflight, is_chat)
+    finally:
+        watcher.cancel()
+    return JSONResponse(body, status_code=status)
+
+
+async def collect_body(
+    state: ServerState, stream: RequestStream, inflight: Inflight, is_chat: bool
+) -> tuple[int, dict[str, Any]]:
+    """(status, body) of the whole answer; aborts the request if the caller is cancelled
+    before it ended."""
+    prepared = inflight.prepared
     final, text = None, ""
     try:
         async for output in stream:
@@ -123,20 +135,15 @@ async def collect_response(
     except Exception as error:
         if stream.error is None:
             raise
-        return JSONResponse(
-            error_body(500, f"the engine failed: {error}", "engine_error"), status_code=500
-        )
+        return 500, error_body(500, f"the engine failed: {error}", "engine_error")
     finally:
-        watcher.cancel()
         if stream.final is None and stream.error is None:
             state.abort(inflight, "client_disconnected")
     completion = final.outputs[0]
     usage = usage_of(len(prepared.prompt_token_ids), len(completion.token_ids))
     slo = inflight.report.to_dict() if inflight.report is not None else None
     shape = _shape(state, prepared, is_chat)
-    return JSONResponse(
-        shape.full(text, completion.finish_reason, completion.stop_reason, usage, slo)
-    )
+    return 200, shape.full(text, completion.finish_reason, completion.stop_reason, usage, slo)
 
 
 async def _abort_on_disconnect(state: ServerState, inflight: Inflight, request: Request) -> None:

@@ -36,9 +36,10 @@ class ServerMetrics:
     def __init__(
         self,
         model_name: str,
-        snapshot: Callable[[], EngineSnapshot | None],
+        snapshot: Callable[[], EngineSnapshot | None] | None,
         class_names: Sequence[str] = (),
     ) -> None:
+        """`snapshot=None`: no engine in this process (the engine series are left out)."""
         self.model_name = model_name
         self.registry = CollectorRegistry()
         model, cls = ["model_name"], ["slo_class"]
@@ -81,7 +82,8 @@ class ServerMetrics:
             [*cls, "kind"],
             _SLACK_BUCKETS,
         )
-        self.registry.register(EngineCollector(model_name, snapshot))
+        if snapshot is not None:
+            self.registry.register(EngineCollector(model_name, snapshot))
         self._initialize([*class_names, NO_CLASS])
 
     def _initialize(self, labels: list[str]) -> None:
@@ -168,9 +170,10 @@ class EngineCollector(Collector):
     def __init__(
         self,
         model_name: str,
-        snapshot: Callable[[], EngineSnapshot | None],
+        snapshot: Callable[[], EngineSnapshot | None] | None,
         class_names: Sequence[str] = (),
     ) -> None:
+        """`snapshot=None`: no engine in this process (the engine series are left out)."""
         self.model_name = model_name
         self.snapshot = snapshot
 

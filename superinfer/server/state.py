@@ -17,6 +17,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from prometheus_client import generate_latest
+
 from superinfer.config import EngineConfig
 from superinfer.engine.async_engine import AsyncEngine, EngineSnapshot, RequestStream
 from superinfer.metrics import (
@@ -156,6 +158,10 @@ class ServerState:
 
     def _snapshot(self) -> EngineSnapshot | None:
         return self.engine.snapshot if self.engine is not None else None
+
+    async def metrics_text(self) -> bytes:
+        """The Prometheus exposition of this server's series."""
+        return generate_latest(self.metrics.registry)
 
     # --- ingress checks -------------------------------------------------------------------
     def check_auth(self, headers: Mapping[str, str]) -> None:

@@ -1,0 +1,1 @@
+"""Scale-out: superinfer replicas on Ray Serve behind an SLO-aware router (docs/scale-out.md)."""

@@ -1,0 +1,44 @@
+"""What the ingress sends to an engine replica and what comes back first (plain data:
+it crosses processes, so no exceptions or live objects).
+
+Each generation call is a Ray Serve streaming call whose first item is a `Verdict`: the
+replica admitted the request (then its SSE events, or one `(status, body)` for a non-stream
+request, follow), or refused it with the `Refusal` its admission raised.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from superinfer.cluster.router import Demand, Refusal
+from superinfer.server.prepare import PreparedRequest
+
+
+@dataclass(frozen=True)
+class ReplicaCall:
+    """One admitted-at-ingress request on its way to a replica."""
+
+    prepared: PreparedRequest
+    arrival_wall: float  # Unix time of the arrival stamp at ingress
+    elapsed_s: float  # seconds from the arrival stamp to this dispatch (ingress clock)
+    expected_tokens: int  # output tokens the deadline estimate assumes
+    is_chat: bool
+    demand: Demand
+    exclude: frozenset[str] = field(default_factory=frozenset)  # replicas that refused it
+
+
+@dataclass(frozen=True)
+class Target:
+    """Route this call to one replica (per-replica calls: metrics)."""
+
+    replica_id: str
+
+
+@dataclass(frozen=True)
+class Verdict:
+    replica_id: str
+    refusal: Refusal | None = None  # None: admitted
+
+    @property
+    def is_admitted(self) -> bool:
+        return self.refusal is None

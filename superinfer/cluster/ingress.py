@@ -1,0 +1,253 @@
+"""The OpenAI-compatible ingress in front of the engine replicas (a Ray Serve deployment).
+
+It serves the single-process server's FastAPI app (`server.app.build_app`: same routes,
+auth, body and SLO checks, error bodies, arrival stamp) with a generation handler that
+runs each request on a replica instead of a local engine:
+
+1. prepare the request here (tokenize, bind the SLO): bad input is a 400 at ingress;
+2. send it to the replica the router ranks best by predicted slack; the replica's own
+   admission decides; a refusal (425/429) moves it to the next replica, and only when every
+   replica refused does the client get one answer (`router.merge_rejections`);
+3. pass the replica's SSE events or body through; a client that leaves cancels the call,
+   which aborts the request on its replica; a replica that dies mid-request ends it with a
+   `replica_failed` error (SSE error event, or 502) and an SLO record written here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from ray import serve
+from ray.exceptions import RayError
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+
+from superinfer.cluster.calls import ReplicaCall, Target, Verdict
+from superinfer.cluster.metrics import merge_expositions
+from superinfer.cluster.registry import live_replicas
+from superinfer.cluster.router import Demand, merge_rejections
+from superinfer.cluster.slo_log import TaggedSLOLog
+from superinfer.config import EngineConfig
+from superinfer.metrics import ABORTED, RequestRecord, slo_report
+from superinfer.server.app import build_app, prepare_request
+from superinfer.server.config import ServerConfig
+from superinfer.server.errors import APIError, error_body
+from superinfer.server.generation import SSEResponse
+from superinfer.server.ingress import Arrival, IngressStamp, arrival_of
+from superinfer.server.prepare import PreparedRequest, RequestPreparer
+from superinfer.server.prometheus import ServerMetrics
+from superinfer.server.protocol import ChatCompletionRequest
+from superinfer.server.responses import DONE, sse
+from superinfer.server.slo_log import log_line
+from superinfer.server.state import DEAD, LOADING, READY, STOPPED, Rejection, ServerState
+from superinfer.slo_config import SLOConfig
+
+logger = logging.getLogger(__name__)
+
+VERDICT_TIMEOUT_S = 60.0  # routing plus admission; longer only when no replica is up
+METRICS_TIMEOUT_S = 5.0
+REPLICA_FAILED = "replica_failed"
+
+
+class IngressState(ServerState):
+    """A `ServerState` whose engines live on the replicas behind `replicas`."""
+
+    def __init__(
+        self,
+        server_config: ServerConfig,
+        engine_config: EngineConfig,
+        slo_config: SLOConfig,
+        model_name: str,
+        replicas: DeploymentHandle,
+    ) -> None:
+        local = dataclasses.replace(server_config, slo_log=None)
+        super().__init__(local, engine_config, slo_config, model_name)
+        self.config = server_config
+        self.metrics = ServerMetrics(model_name, None, slo_config.class_names)
+        self.slo_log = TaggedSLOLog(server_config.slo_log, None)
+        self.replicas = replicas
+
+    async def boot(self) -> None:
+        """Validate against the replicas' tokenizer; ready once one replica answered."""
+        try:
+            tokenizer, vocab_size, max_model_len = await self.replicas.preparer_parts.remote()
+        except Exception:
+            logger.exception("the ingress could not reach a replica")
+            self.phase = DEAD
+            return
+        self.preparer = RequestPreparer(tokenizer, vocab_size, max_model_len, self.slo_config)
+        if self.phase == LOADING:
+            self.phase = READY
+
+    async def close(self) -> None:
+        self.phase = STOPPED if self.phase != DEAD else DEAD
+        self.slo_log.close()
+
+    @property
+    def health(self) -> tuple[bool, str]:
+        if self.phase == READY and not self.live_replicas:
+            return False, "without_replicas"
+        return self.phase == READY, self.phase
+
+    @property
+    def live_replicas(self) -> tuple[str, ...]:
+        return live_replicas(self.replicas.deployment_name)
+
+    async def metrics_text(self) -> bytes:
+        """Every replica's series and the ingress's own, each with a `replica` label."""
+        calls = [self._replica_metrics(replica_id) for replica_id in self.live_replicas]
+        parts = [part for part in await asyncio.gather(*calls) if part is not None]
+        return merge_expositions([("ingress", await super().metrics_text()), *parts])
+
+    async def _replica_metrics(self, replica_id: str) -> tuple[str, bytes] | None:
+        call = self.replicas.metrics_text.remote(Target(replica_id))
+        try:
+            return await asyncio.wait_for(call, METRICS_TIMEOUT_S)
+        except (RayError, TimeoutError):
+            logger.warning("no metrics from replica %s", replica_id)
+            return None
+
+    # --- dispatch -------------------------------------------------------------------------
+    async def dispatch(
+        self, prepared: PreparedRequest, arrival: Arrival, expected_tokens: int, is_chat: bool
+    ) -> tuple[DeploymentResponseGenerator, Verdict]:
+        """Start the request on the best replica that admits it (raises APIError)."""
+        refusals, exclude = [], set()
+        for _ in range(2 * max(1, len(self.live_replicas)) + 1):
+            live = set(self.live_replicas)
+            if not live or live <= exclude:
+                break
+            elapsed_s = time.monotonic() - arrival.monotonic
+            demand = demand_of(prepared, expected_tokens, elapsed_s)
+            call = ReplicaCall(prepared, arrival.wall, elapsed_s, expected_tokens, is_chat,
+                               demand, frozenset(exclude))  # fmt: skip
+            responses = self.replicas.options(stream=True).generate.remote(call)
+            try:
+                verdict = await asyncio.wait_for(responses.__anext__(), VERDICT_TIMEOUT_S)
+            except (RayError, TimeoutError) as error:  # never admitted: safe to try again
+                logger.warning("a replica failed before admitting %s: %r", prepared.request_id,
+                               error)  # fmt: skip
+                responses.cancel()
+                continue
+            if verdict.is_admitted:
+                return responses, verdict
+            refusals.append(verdict.refusal)
+            exclude.add(verdict.replica_id)
+        if not refusals:
+            raise APIError(503, "no replica is available", "not_ready",
+                           headers={"Retry-After": "1"})  # fmt: skip
+        merged = merge_rejections(refusals)
+        raise APIError(merged.status, merged.message, merged.code, headers=dict(merged.headers))
+
+    def on_replica_failed(
+        self, prepared: PreparedRequest, arrival: Arrival, replica_id: str, error: BaseException
+    ) -> dict[str, Any]:
+        """Record a request whose replica died (its own record died with it); the error body."""
+        logger.warning("replica %s failed during %s: %r", replica_id, prepared.request_id, error)
+        record = RequestRecord(
+            prepared.request_id, prepared.slo.targets, arrival.monotonic,
+            finished_time=time.monotonic(), outcome=ABORTED,
+            num_prompt_tokens=len(prepared.prompt_token_ids), finish_reason="abort",
+        )  # fmt: skip
+        report = slo_report(record)
+        self.slo_log.write(log_line(record, report, arrival.wall, 502, REPLICA_FAILED,
+                                    prepared.priority))  # fmt: skip
+        self.metrics.on_ended(report, record.num_prompt_tokens, 0, "abort", [])
+        message = f"the replica serving this request failed ({type(error).__name__}); retry it"
+        return error_body(502, message, REPLICA_FAILED)
+
+
+def demand_of(prepared: PreparedRequest, expected_tokens: int, elapsed_s: float) -> Demand:
+    """The request's needs and targets, as time left from now."""
+    targets, floor = prepared.slo.targets, 1e-3
+    deadline = targets.max_latency_ms
+    return Demand(
+        num_prompt_tokens=len(prepared.prompt_token_ids),
+        max_tokens=expected_tokens,
+        ttft_s=max(floor, targets.ttft_s - elapsed_s),
+        tbt_s=targets.tbt_s,
+        deadline_s=None if deadline is None else max(floor, deadline / 1000 - elapsed_s),
+    )
+
+
+async def generate_on_replicas(state: ServerState, request: Request, body_type: type) -> Response:
+    """The generation handler of the ingress app (see the module docstring)."""
+    assert isinstance(state, IngressState)
+    arrival = arrival_of(request.scope)
+    rejection = Rejection(arrival, request_id=request.headers.get("x-request-id"))
+    is_chat = body_type is ChatCompletionRequest
+    try:
+        prepared, expected_tokens = await prepare_request(state, request, body_type, rejection)
+        responses, verdict = await state.dispatch(prepared, arrival, expected_tokens, is_chat)
+    except APIError as error:
+        state.reject(error, rejection)
+        return error.response()
+    failed = _FailureReport(state, prepared, arrival, verdict.replica_id)
+    if prepared.stream:
+        return SSEResponse(_relay_events(responses, failed), responses.cancel)
+    return await _relay_body(responses, failed, request)
+
+
+@dataclasses.dataclass
+class _FailureReport:
+    state: IngressState
+    prepared: PreparedRequest
+    arrival: Arrival
+    replica_id: str
+
+    def __call__(self, error: BaseException) -> dict[str, Any]:
+        return self.state.on_replica_failed(self.prepared, self.arrival, self.replica_id, error)
+
+
+async def _relay_events(
+    responses: DeploymentResponseGenerator, failed: _FailureReport
+) -> AsyncIterator[bytes]:
+    try:
+        async for event in responses:
+            yield event
+    except RayError as error:
+        yield sse(failed(error))
+        yield DONE
+
+
+async def _relay_body(
+    responses: DeploymentResponseGenerator, failed: _FailureReport, request: Request
+) -> JSONResponse:
+    watcher = asyncio.create_task(_cancel_on_disconnect(responses, request))
+    try:
+        status, body = await responses.__anext__()
+    except RayError as error:
+        return JSONResponse(failed(error), status_code=502)
+    finally:
+        watcher.cancel()
+    return JSONResponse(body, status_code=status)
+
+
+async def _cancel_on_disconnect(responses: DeploymentResponseGenerator, request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    responses.cancel()
+
+
+@serve.ingress()
+class ClusterIngress:
+    """The ingress deployment: `build_app` with `generate_on_replicas`."""
+
+    def __init__(
+        self,
+        replicas: DeploymentHandle,
+        server_config: ServerConfig,
+        engine_config: EngineConfig,
+        slo_config: SLOConfig,
+        model_name: str,
+    ) -> None:
+        self.state = IngressState(server_config, engine_config, slo_config, model_name, replicas)
+
+    def __serve_build_asgi_app__(self) -> IngressStamp:
+        return build_app(self.state, generate_on_replicas)
