@@ -28,13 +28,6 @@ class ReplicaCall:
 
 
 @dataclass(frozen=True)
-class Target:
-    """Route this call to one replica (per-replica calls: metrics)."""
-
-    replica_id: str
-
-
-@dataclass(frozen=True)
 class Verdict:
     replica_id: str
     refusal: Refusal | None = None  # None: admitted

@@ -17,7 +17,7 @@ from typing import Any
 
 from ray import serve
 
-from superinfer.cluster.calls import ReplicaCall, Target, Verdict
+from superinfer.cluster.calls import ReplicaCall, Verdict
 from superinfer.cluster.router import Refusal, ReplicaLoad
 from superinfer.cluster.slo_log import TaggedSLOLog
 from superinfer.config import EngineConfig
@@ -86,17 +86,17 @@ class EngineReplica:
             state.config.max_num_queued_tokens, time.time(),
         )  # fmt: skip
 
-    def preparer_parts(self, call: Any = None) -> tuple[Any, int, int]:
+    def preparer_parts(self) -> tuple[Any, int, int]:
         """(tokenizer, vocab size, max model length): what the ingress validates against."""
         preparer = self.state.preparer
         assert preparer is not None
         return preparer.tokenizer, preparer.vocab_size, preparer.max_model_len
 
-    async def metrics_text(self, target: Target) -> tuple[str, bytes]:
+    async def metrics_text(self) -> tuple[str, bytes]:
         """(replica id, this replica's Prometheus exposition)."""
         return self.replica_id, await self.state.metrics_text()
 
-    async def debug(self, target: Target) -> dict[str, Any]:
+    async def debug(self) -> dict[str, Any]:
         """Engine report for tests: KV ownership and the invariant check."""
         from superinfer.server.debug import engine_report
 

@@ -28,7 +28,7 @@ from ray import serve
 from ray.exceptions import RayError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
-from superinfer.cluster.calls import ReplicaCall, Target, Verdict
+from superinfer.cluster.calls import ReplicaCall, Verdict
 from superinfer.cluster.metrics import merge_expositions
 from superinfer.cluster.registry import live_replicas
 from superinfer.cluster.router import Demand, merge_rejections
@@ -72,6 +72,8 @@ class IngressState(ServerState):
         self.metrics = ServerMetrics(model_name, None, slo_config.class_names)
         self.slo_log = TaggedSLOLog(server_config.slo_log, None)
         self.replicas = replicas
+        # one handle per method, made once: each handle owns its router (and its state)
+        self._generate = replicas.options(method_name="generate", stream=True)
 
     async def boot(self) -> None:
         """Validate against the replicas' tokenizer; ready once one replica answered."""
@@ -101,17 +103,16 @@ class IngressState(ServerState):
 
     async def metrics_text(self) -> bytes:
         """Every replica's series and the ingress's own, each with a `replica` label."""
-        calls = [self._replica_metrics(replica_id) for replica_id in self.live_replicas]
-        parts = [part for part in await asyncio.gather(*calls) if part is not None]
-        return merge_expositions([("ingress", await super().metrics_text()), *parts])
-
-    async def _replica_metrics(self, replica_id: str) -> tuple[str, bytes] | None:
-        call = self.replicas.metrics_text.remote(Target(replica_id))
+        broadcast = self.replicas.broadcast("metrics_text")
         try:
-            return await asyncio.wait_for(call, METRICS_TIMEOUT_S)
-        except (RayError, TimeoutError):
-            logger.warning("no metrics from replica %s", replica_id)
-            return None
+            results = await broadcast.results_async(
+                timeout_s=METRICS_TIMEOUT_S, return_exceptions=True
+            )
+        except TimeoutError:
+            logger.warning("no replica metrics within %.0f s", METRICS_TIMEOUT_S)
+            results = []
+        parts = [part for part in results if isinstance(part, tuple)]
+        return merge_expositions([("ingress", await super().metrics_text()), *parts])
 
     # --- dispatch -------------------------------------------------------------------------
     async def dispatch(
@@ -127,7 +128,7 @@ class IngressState(ServerState):
             demand = demand_of(prepared, expected_tokens, elapsed_s)
             call = ReplicaCall(prepared, arrival.wall, elapsed_s, expected_tokens, is_chat,
                                demand, frozenset(exclude))  # fmt: skip
-            responses = self.replicas.options(stream=True).generate.remote(call)
+            responses = self._generate.remote(call)
             try:
                 verdict = await asyncio.wait_for(responses.__anext__(), VERDICT_TIMEOUT_S)
             except (RayError, TimeoutError) as error:  # never admitted: safe to try again

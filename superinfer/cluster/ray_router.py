@@ -2,9 +2,9 @@
 probes and retries; this class only orders the replicas, by `router.rank_replicas`.
 
 Loads come from each replica's `record_routing_stats` (polled by Ray Serve every
-`request_routing_stats_period_s`); requests this router sent after a replica's last report
-and that have not completed are added to it, so a burst between two reports spreads out.
-Calls carrying a `Target` go to that replica only.
+`request_routing_stats_period_s`); requests this router chose a replica for after its
+last report, and that have not completed, are added to it, so a burst between two
+reports spreads out (a request counts from its choice, before Ray Serve has sent it).
 """
 
 from __future__ import annotations
@@ -15,15 +15,17 @@ from dataclasses import dataclass
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from superinfer.cluster import registry
-from superinfer.cluster.calls import ReplicaCall, Target
+from superinfer.cluster.calls import ReplicaCall
 from superinfer.cluster.router import ReplicaLoad, Unreported, rank_replicas
+
+_MAX_OPEN, _OPEN_TTL_S = 10_000, 600.0
 
 
 @dataclass(frozen=True)
-class _Sent:
+class _Chosen:
     replica_id: str
     num_prompt_tokens: int
-    sent_at: float  # Unix time
+    chosen_at: float  # Unix time
 
 
 class SlackRequestRouter(RequestRouter):
@@ -31,46 +33,41 @@ class SlackRequestRouter(RequestRouter):
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
-        self._sent: dict[str, _Sent] = {}  # internal request id -> where it went
+        self._open: dict[str, _Chosen] = {}  # internal request id -> its first choice
 
     async def choose_replicas(
         self,
         candidate_replicas: list[RunningReplica],
         pending_request: PendingRequest | None = None,
     ) -> list[list[RunningReplica]]:
-        by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         call = pending_request.args[0] if pending_request and pending_request.args else None
-        if isinstance(call, Target):
-            return [[by_id[call.replica_id]]] if call.replica_id in by_id else []
         if not isinstance(call, ReplicaCall):
             return [[r] for r in candidate_replicas]
-        allowed = [r for r in candidate_replicas if r.replica_id.unique_id not in call.exclude]
-        loads = [ReplicaLoad.from_stats(r.replica_id.unique_id, r.routing_stats or {})
-                 for r in allowed]  # fmt: skip
+        by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
+        loads = [ReplicaLoad.from_stats(replica_id, r.routing_stats or {})
+                 for replica_id, r in by_id.items() if replica_id not in call.exclude]  # fmt: skip
         order = rank_replicas(loads, call.demand, self._unreported(loads))
+        if order:  # counted against its replica until it completes (or a report covers it)
+            request_id = pending_request.metadata.internal_request_id
+            self._open[request_id] = _Chosen(order[0], call.demand.num_prompt_tokens, time.time())
         return [[by_id[replica_id]] for replica_id in order]
 
     def _unreported(self, loads: list[ReplicaLoad]) -> dict[str, Unreported]:
+        """Open requests chosen for each replica after its last report."""
         reported_at = {load.replica_id: load.reported_at for load in loads}
-        counts: dict[str, list[int]] = {}
-        for sent in self._sent.values():
-            if sent.sent_at > reported_at.get(sent.replica_id, float("inf")):
-                count = counts.setdefault(sent.replica_id, [0, 0])
-                count[0] += 1
-                count[1] += sent.num_prompt_tokens
-        return {replica_id: Unreported(n, tokens) for replica_id, (n, tokens) in counts.items()}
-
-    def on_request_routed(
-        self, pending_request: PendingRequest, replica_id: ReplicaID, result: object
-    ) -> None:
-        call = pending_request.args[0] if pending_request.args else None
-        if isinstance(call, ReplicaCall):
-            self._sent[pending_request.metadata.internal_request_id] = _Sent(
-                replica_id.unique_id, call.demand.num_prompt_tokens, time.time()
-            )
+        counts: dict[str, tuple[int, int]] = {}
+        for chosen in self._open.values():
+            if chosen.chosen_at > reported_at.get(chosen.replica_id, float("inf")):
+                num, tokens = counts.get(chosen.replica_id, (0, 0))
+                counts[chosen.replica_id] = (num + 1, tokens + chosen.num_prompt_tokens)
+        return {replica_id: Unreported(*count) for replica_id, count in counts.items()}
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
-        self._sent.pop(internal_request_id, None)
+        super().on_request_completed(replica_id, internal_request_id)
+        self._open.pop(internal_request_id, None)
+        if len(self._open) > _MAX_OPEN:  # requests cancelled before they were sent
+            horizon = time.time() - _OPEN_TTL_S
+            self._open = {k: v for k, v in self._open.items() if v.chosen_at > horizon}
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         super().update_replicas(replicas)

@@ -84,14 +84,5 @@ def replica_reports() -> list[dict[str, Any]]:
     """/debug-style engine reports of every live replica (through Ray, from the test)."""
     from ray import serve
 
-    from superinfer.cluster.calls import Target
-
     handle = serve.get_deployment_handle("EngineReplica", app_name=APP)
-    handle.load.remote().result(timeout_s=60)  # starts this process's router
-    from superinfer.cluster.registry import live_replicas
-
-    deadline = time.monotonic() + 30
-    while not live_replicas("EngineReplica") and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return [handle.debug.remote(Target(rid)).result(timeout_s=60)
-            for rid in live_replicas("EngineReplica")]  # fmt: skip
+    return handle.broadcast("debug").results(timeout_s=60)
