@@ -25,7 +25,7 @@ from superinfer.server.config import ServerConfig
 from superinfer.server.errors import APIError
 from superinfer.server.generation import collect_body, stream_response
 from superinfer.server.ingress import Arrival
-from superinfer.server.state import READY, ServerState
+from superinfer.server.state import DRAINING, READY, ServerState
 from superinfer.slo_config import SLOConfig
 
 
@@ -107,7 +107,7 @@ class EngineReplica:
 
     def check_health(self) -> None:
         """Ray Serve restarts a replica whose engine thread died."""
-        if not self.state.health[0] and self.state.phase != "draining":
+        if not self.state.health[0] and self.state.phase != DRAINING:
             raise RuntimeError(f"replica {self.replica_id} is {self.state.phase}")
 
     async def __del__(self) -> None:
