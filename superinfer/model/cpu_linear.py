@@ -4,6 +4,13 @@ On CPU, `F.linear` runs a generic GEMM that reads a row-major weight at about ha
 memory bandwidth; oneDNN with a weight reordered once into its blocked layout reads it at
 nearly full speed, which is what a decode step (few rows, all weights) is bound by.
 Measured on a 2-core AVX-512 machine: 2-2.5x faster at 1 to 32 rows, 1.2x at 256 rows.
+
+oneDNN builds and caches a primitive (JIT code included) per input shape. A serving step's
+row count (tokens in the batch) takes hundreds of values, and building a primitive for
+each one, kept among the activations on the heap, grew the resident memory without bound
+(measured: 240 MB to 930 MB over 1,500 random row counts on this model's shapes, and still
+climbing). Rows are therefore padded up to a few bucket sizes, at most 12.5% more rows:
+the same test stays at 315 MB, flat, with default allocator settings.
 """
 
 from __future__ import annotations
@@ -32,18 +39,34 @@ class PackedLinear(nn.Module):
         self.bias = linear.bias
 
     def forward(self, x: Tensor) -> Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+        num_rows = x.shape[0]
+        num_padded = padded_num_rows(num_rows)
+        if num_padded != num_rows:
+            x = F.pad(x, (0, 0) * (x.dim() - 1) + (0, num_padded - num_rows))
+        y = torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+        return y[:num_rows]
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, packed"
+
+
+def padded_num_rows(num_rows: int) -> int:
+    """The bucket `num_rows` rows are padded to: exact up to 16, then 8 sizes per doubling."""
+    if num_rows <= 16:
+        return num_rows
+    step = 1 << (num_rows.bit_length() - 4)  # 1/8 of the power of two at or below num_rows
+    return -(-num_rows // step) * step
 
 
 def pack_linears(model: nn.Module) -> int:
     """Swap every CPU nn.Linear of `model` for a PackedLinear; do it last, once dtype and
     device are final. A weight still shared with another module (tied embeddings) stays in
     memory there. Returns how many were swapped: 0 where oneDNN is missing or disagrees."""
-    linears = [(name, m) for name, m in model.named_modules()
-               if type(m) is nn.Linear and m.weight.device.type == "cpu"]
+    linears = [
+        (name, m)
+        for name, m in model.named_modules()
+        if type(m) is nn.Linear and m.weight.device.type == "cpu"
+    ]
     if not linears or not onednn_linear_available() or not _agrees(linears[0][1]):
         return 0
     for name, linear in linears:

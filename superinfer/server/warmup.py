@@ -12,7 +12,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from superinfer.core.request import PLACEHOLDER, RequestStatus
+from superinfer.core.request import PLACEHOLDER
 from superinfer.core.scheduler import Scheduler
 from superinfer.engine.llm_engine import LLMEngine
 from superinfer.sampling_params import SamplingParams

@@ -14,19 +14,33 @@ from transformers.models.llama.modeling_llama import (
     apply_rotary_pos_emb,
 )
 
-from superinfer.model.cpu_linear import PackedLinear, onednn_linear_available, pack_linears
+from superinfer.model.cpu_linear import (
+    PackedLinear,
+    onednn_linear_available,
+    pack_linears,
+    padded_num_rows,
+)
 from superinfer.model.llama import RMSNorm
 from superinfer.model.weights import interleave_rope_rows
 from superinfer.model.rotary import RotaryEmbedding, apply_rotary, rope_inv_freq
 
-LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                  "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+LLAMA3_SCALING = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 
 
 def _hf_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
     params = {"rope_theta": theta, "rope_type": "default", **(scaling or {})}
-    config = LlamaConfig(hidden_size=head_dim * 4, num_attention_heads=4, rope_parameters=params,
-                         max_position_embeddings=131072)
+    config = LlamaConfig(
+        hidden_size=head_dim * 4,
+        num_attention_heads=4,
+        rope_parameters=params,
+        max_position_embeddings=131072,
+    )
     if params["rope_type"] == "default":
         return LlamaRotaryEmbedding.compute_default_rope_parameters(config)[0]
     return ROPE_INIT_FUNCTIONS[params["rope_type"]](config, "cpu")[0]
@@ -74,7 +88,8 @@ def test_interleaved_rotation_equals_rotate_half_on_permuted_dims() -> None:
     w = torch.randn(num_heads * head_dim, 4)  # the same permutation, applied to weight rows
     torch.testing.assert_close(
         interleave_rope_rows(w, head_dim).view(num_heads, head_dim, 4),
-        _interleave_last_dim(w.view(num_heads, head_dim, 4).transpose(1, 2)).transpose(1, 2))
+        _interleave_last_dim(w.view(num_heads, head_dim, 4).transpose(1, 2)).transpose(1, 2),
+    )
 
 
 def test_interleaving_is_llama_cpp_row_permutation() -> None:
@@ -110,6 +125,27 @@ def test_packed_linear_matches_f_linear(dtype: torch.dtype) -> None:
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got, expected, rtol=tolerance, atol=tolerance)
     torch.testing.assert_close(got_strided, expected, rtol=tolerance, atol=tolerance)
+
+
+def test_padded_num_rows_buckets_are_few_and_tight() -> None:
+    buckets = {padded_num_rows(n) for n in range(1, 2049)}
+    assert all(padded_num_rows(n) == n for n in range(1, 17))
+    assert all(n <= padded_num_rows(n) <= n * 1.125 for n in range(1, 5000))
+    assert all(padded_num_rows(b) == b for b in buckets)  # a bucket is its own bucket
+    assert len(buckets) == 16 + 8 * 7  # 8 sizes per doubling from 16 to 2048
+
+
+@pytest.mark.skipif(not onednn_linear_available(), reason="needs oneDNN")
+@pytest.mark.parametrize("num_rows", [17, 100, 3 * 257])
+def test_packed_linear_pads_rows_to_a_bucket_and_returns_only_real_rows(num_rows: int) -> None:
+    linear = nn.Linear(32, 48, bias=True)
+    x = torch.randn(num_rows, 32)
+    with torch.inference_mode():
+        got = PackedLinear(linear)(x)
+        expected = F.linear(x, linear.weight, linear.bias)
+    assert padded_num_rows(num_rows) > num_rows
+    assert got.shape == (num_rows, 48) and got.is_contiguous()
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.skipif(not onednn_linear_available(), reason="needs oneDNN")
