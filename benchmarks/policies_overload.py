@@ -39,8 +39,14 @@ class Arrival:
 
 
 def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--systems", default=",".join(SYSTEMS), help="policies (name/no-pipeline: pipeline off)")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--systems",
+        default=",".join(SYSTEMS),
+        help="policies (name/pipeline, name/no-pipeline: force the step pipeline on or off; plain name: the engine's default, off on a CPU)",
+    )
     p.add_argument("--num-prompts", type=int, default=60)
     p.add_argument("--request-rate", type=float, default=3.0, help="Poisson arrivals per second")
     p.add_argument("--max-prompt-tokens", type=int, default=384)
@@ -68,7 +74,9 @@ def make_arrivals(args: argparse.Namespace, tokenizer) -> tuple[list[Arrival], i
     return arrivals, num_dropped
 
 
-def replay(llm: LLM, arrivals: list[Arrival], slo: SLOTargets) -> tuple[list[RequestRecord], list[float]]:
+def replay(
+    llm: LLM, arrivals: list[Arrival], slo: SLOTargets
+) -> tuple[list[RequestRecord], list[float]]:
     """Feed `arrivals` in real time; returns per-request records and step times."""
     engine = llm.engine
     start = engine.clock()
@@ -103,7 +111,8 @@ def to_record(output) -> RequestRecord:
 
 def run_system(name: str, args: argparse.Namespace, arrivals: list[Arrival]) -> dict:
     policy, _, variant = name.partition("/")
-    llm = LLM(dtype=args.dtype, device="cpu", policy=policy, pipeline=variant != "no-pipeline",
+    llm = LLM(dtype=args.dtype, device="cpu", policy=policy,
+              pipeline={"": None, "pipeline": True, "no-pipeline": False}[variant],
               num_device_blocks=args.num_device_blocks, block_size=args.block_size,
               max_num_seqs=64, max_num_batched_tokens=512, max_model_len=1024)  # fmt: skip
     try:
@@ -140,11 +149,13 @@ def main() -> None:
     probe.engine.close()
     del probe
     results = [run_system(name, args, arrivals) for name in args.systems.split(",")]
-    print(f"\n{len(arrivals)} ShareGPT requests ({num_dropped} pairs dropped), Poisson "
-          f"{args.request_rate}/s, {sum(len(a.prompt_token_ids) for a in arrivals)} prompt + "
-          f"{sum(a.num_output_tokens for a in arrivals)} output tokens; device pool "
-          f"{args.num_device_blocks} blocks x {args.block_size} tokens; targets TTFT "
-          f"{args.ttft_slo_ms:.0f} ms, TPOT {args.tbt_slo_ms:.0f} ms; {args.dtype}")
+    print(
+        f"\n{len(arrivals)} ShareGPT requests ({num_dropped} pairs dropped), Poisson "
+        f"{args.request_rate}/s, {sum(len(a.prompt_token_ids) for a in arrivals)} prompt + "
+        f"{sum(a.num_output_tokens for a in arrivals)} output tokens; device pool "
+        f"{args.num_device_blocks} blocks x {args.block_size} tokens; targets TTFT "
+        f"{args.ttft_slo_ms:.0f} ms, TPOT {args.tbt_slo_ms:.0f} ms; {args.dtype}"
+    )
     head = ("system", "TTFT att", "TPOT att", "goodput", "out tok/s", "p50 TTFT", "mean TPOT",
             "step ms", "preempt", "swaps", "GB d2h/h2d")  # fmt: skip
     print("".join(f"{h:>13}" for h in head))
@@ -155,7 +166,9 @@ def main() -> None:
               f"{r['swap_outs']:>13}{r['kv_gb_d2h']:>7.2f}/{r['kv_gb_h2d']:.2f}")  # fmt: skip
     if args.output:
         with open(args.output, "w") as f:
-            json.dump({"args": vars(args), "num_dropped": num_dropped, "results": results}, f, indent=1)
+            json.dump(
+                {"args": vars(args), "num_dropped": num_dropped, "results": results}, f, indent=1
+            )
 
 
 if __name__ == "__main__":

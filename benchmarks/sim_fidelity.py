@@ -36,6 +36,8 @@ from superinfer.slo import SLOTargets
 
 METRICS = ("p50_ttft_ms", "p90_ttft_ms", "mean_tpot_ms")
 RECORD_DIR = "docs/results/sim/real"
+# a system is POLICY or POLICY/pipeline or POLICY/no-pipeline; plain: the engine's default
+PIPELINE_VARIANTS = {"": None, "pipeline": True, "no-pipeline": False}
 
 
 def real_records(rows: list[dict]) -> list[RequestRecord]:
@@ -55,7 +57,7 @@ def sim_config_for(args: dict, system: str) -> SimConfig:
         hardware="cpu", model="smollm2-135m", policy=policy, predictor="fitted",
         num_device_blocks=args["num_device_blocks"], block_size=args["block_size"],
         host_kv_gib=1.0, max_num_seqs=64, max_num_batched_tokens=512, max_model_len=1024,
-        pipeline=variant != "no-pipeline", ttft_slo_ms=args["ttft_slo_ms"],
+        pipeline=PIPELINE_VARIANTS[variant], ttft_slo_ms=args["ttft_slo_ms"],
         tbt_slo_ms=args["tbt_slo_ms"],
     )  # fmt: skip
 

@@ -45,7 +45,7 @@ class CalibrationOptions:
     max_model_len: int = 1024
     block_size: int = 16
     seed: int = 0
-    pipeline: bool = True  # time steps as the engine runs them by default
+    pipeline: bool | None = None  # None: as the engine runs by default (off on a CPU)
 
 
 class StepTimer:
@@ -238,7 +238,7 @@ def calibrate(options: CalibrationOptions) -> FittedPredictor:
         "processor": platform.processor() or platform.platform(),
         "engine": {"max_num_seqs": options.max_num_seqs, "block_size": options.block_size,
                    "max_num_batched_tokens": options.max_num_batched_tokens,
-                   "pipeline": options.pipeline},
+                   "pipeline": engine.is_pipelined},
         "link": link, "calibration_s": round(time.perf_counter() - started, 1),
         "torch_threads": torch_threads(),
         "date": time.strftime("%Y-%m-%d"),

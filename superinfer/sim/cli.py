@@ -52,8 +52,9 @@ def add_calibrate_parser(sub: Any) -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=512)
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument(
-        "--pipeline", action=argparse.BooleanOptionalAction, default=True,
-        help="time steps with the step pipeline on (the engine's default) or off",
+        "--pipeline", action=argparse.BooleanOptionalAction, default=None,
+        help="time steps with the step pipeline on or off (default: the engine's default, "
+        "on with CUDA, off on a CPU)",
     )  # fmt: skip
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
 

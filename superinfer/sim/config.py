@@ -47,7 +47,11 @@ class SimConfig:
         "default: 5%% of the device pool).",
     )
     enable_prefix_caching: bool = opt(True, "Reuse the KV of full, computed prompt blocks.")
-    pipeline: bool = opt(True, "Schedule step k+1 while step k computes (the engine's default).")
+    pipeline: bool | None = opt(
+        None,
+        "Schedule step k+1 while step k computes (default: as the engine, on for GPU "
+        "profiles, off for the cpu profile).",
+    )
     ttft_slo_ms: float | None = opt(
         None, "TTFT target (default: the profile's, see docs/simulator.md)."
     )

@@ -110,12 +110,20 @@ def calibrated_link(hardware: HardwareProfile, predictor: StepTimePredictor) -> 
     )
 
 
+def is_pipelined(system: SimSystem) -> bool:
+    """The engine's default: the pipeline pays off where the forward is asynchronous (GPUs)."""
+    if system.config.pipeline is not None:
+        return system.config.pipeline
+    return system.hardware.name != "cpu"
+
+
 def build_engine(system: SimSystem, loop: EventLoop) -> SimEngine:
     config = system.config
+    pipeline = is_pipelined(system)
     scheduler_config = SchedulerConfig(
         max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
         max_model_len=system.max_model_len, policy=config.policy,
-        rotation_budget=config.rotation_budget, pipeline=config.pipeline,
+        rotation_budget=config.rotation_budget, pipeline=pipeline,
     )  # fmt: skip
     kv = TwoTierKVManager(
         system.num_device_blocks, system.num_host_blocks, config.block_size,
@@ -132,7 +140,7 @@ def build_engine(system: SimSystem, loop: EventLoop) -> SimEngine:
         lambda transfer_id, end: loop.post(TransferDone(end, transfer_id)),
     )  # fmt: skip
     return SimEngine(
-        scheduler, SimModelRunner(system.predictor), transfer, config.pipeline,
+        scheduler, SimModelRunner(system.predictor), transfer, pipeline,
         config.check_invariants_every, config.timeline_interval_s,
     )  # fmt: skip
 
