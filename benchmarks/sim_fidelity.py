@@ -27,6 +27,7 @@ try:
 except ImportError:  # run from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from superinfer.config import CacheConfig
 from superinfer.metrics import RequestRecord
 from superinfer.sim.config import SimConfig
 from superinfer.sim.results import records_of, summarize
@@ -56,7 +57,7 @@ def sim_config_for(args: dict, system: str) -> SimConfig:
     return SimConfig(
         hardware="cpu", model="smollm2-135m", policy=policy, predictor="fitted",
         num_device_blocks=args["num_device_blocks"], block_size=args["block_size"],
-        host_kv_gib=1.0, max_num_seqs=64, max_num_batched_tokens=512, max_model_len=1024,
+        host_kv_gib=CacheConfig().host_kv_gib, max_num_seqs=64, max_num_batched_tokens=512, max_model_len=1024,
         pipeline=PIPELINE_VARIANTS[variant], ttft_slo_ms=args["ttft_slo_ms"],
         tbt_slo_ms=args["tbt_slo_ms"],
     )  # fmt: skip
