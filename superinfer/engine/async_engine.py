@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from superinfer.core.request import PLACEHOLDER, Request
 from superinfer.engine.llm_engine import LLMEngine, metrics_of
+from superinfer.engine.native_memory import release_free_memory
 from superinfer.outputs import CompletionOutput, RequestOutput
 from superinfer.sampling_params import SamplingParams
 from superinfer.slo import SLOTargets
@@ -33,6 +34,8 @@ T = TypeVar("T")
 _EMA_WEIGHT = 0.2  # weight of the newest step in the step-time average
 _IDLE_WAIT_S = 0.5
 _SPIN_SLEEP_S = 0.001  # after an empty step (e.g. waiting for a KV copy to land)
+# return free heap pages to the OS this often under load, and whenever the engine goes idle
+TRIM_EVERY_NUM_STEPS = 500
 
 
 class EngineDeadError(RuntimeError):
@@ -118,6 +121,7 @@ class AsyncEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._is_stopping = False
+        self._num_steps_untrimmed = 0
         self.dead_error: BaseException | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -234,9 +238,18 @@ class AsyncEngine:
             command()
         if self._has_work():
             self._step()
+            self._num_steps_untrimmed += 1
+            if self._num_steps_untrimmed >= TRIM_EVERY_NUM_STEPS:
+                self._trim()
         else:
+            if self._num_steps_untrimmed:  # just went idle
+                self._trim()
             self._publish(self.snapshot.step_time_s)
         return True
+
+    def _trim(self) -> None:
+        release_free_memory()
+        self._num_steps_untrimmed = 0
 
     def _has_work(self) -> bool:
         """Unfinished requests, or KV copies whose landing a step must record."""

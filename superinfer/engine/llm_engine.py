@@ -1,7 +1,7 @@
 """The synchronous engine: tokenize, schedule, move KV, execute, update, detokenize.
 
-    step():  complete finished copies -> schedule(now) -> submit copies, wait for the
-             swap-ins -> forward + sample -> update_from_output(now) -> outputs
+step():  complete finished copies -> schedule(now) -> submit copies, wait for the
+         swap-ins -> forward + sample -> update_from_output(now) -> outputs
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from superinfer.core.scheduler import Scheduler
 from superinfer.engine.detokenizer import IncrementalDetokenizer
 from superinfer.engine.kv_cache import KVCacheTiers, bytes_per_block
 from superinfer.engine.model_runner import ModelRunner
+from superinfer.engine.native_memory import limit_malloc_arenas
 from superinfer.engine.transfer import create_transfer_engine
 from superinfer.model.loader import load_model
 from superinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -77,6 +78,8 @@ class LLMEngine:
         pipeline = config.scheduler.pipeline
         self.is_pipelined = self.device.type == "cuda" if pipeline is None else pipeline
         dtype = _DTYPES[config.model.dtype]
+        if self.device.type == "cpu":
+            limit_malloc_arenas()
         loaded = load_model(config.model.model, dtype, self.device)
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
@@ -181,7 +184,9 @@ class LLMEngine:
             slo=slo or SLOTargets(),
         )
         self.scheduler.add_request(request)
-        detokenizer = IncrementalDetokenizer(self.tokenizer, params.stop, params.skip_special_tokens)
+        detokenizer = IncrementalDetokenizer(
+            self.tokenizer, params.stop, params.skip_special_tokens
+        )
         self._tracked[request.request_id] = _Tracked(request, text, detokenizer)
         return request
 
@@ -245,11 +250,15 @@ class LLMEngine:
         new_text = detokenizer.add_tokens(update.new_token_ids)
         finish_reason, stop_reason = update.finish_reason, update.stop_reason
         if detokenizer.stop_string is not None and finish_reason is None:
-            self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_STOPPED, self.clock())
+            self.scheduler.finish_request(
+                request.request_id, RequestStatus.FINISHED_STOPPED, self.clock()
+            )
             finish_reason, stop_reason = "stop", detokenizer.stop_string
         if finish_reason is not None:
             del self._tracked[request.request_id]
-        return self._request_output(tracked, new_text, update.new_token_ids, finish_reason, stop_reason)
+        return self._request_output(
+            tracked, new_text, update.new_token_ids, finish_reason, stop_reason
+        )
 
     @staticmethod
     def _request_output(
@@ -261,7 +270,10 @@ class LLMEngine:
     ) -> RequestOutput:
         request = tracked.request
         completion = CompletionOutput(
-            0, tracked.detokenizer.text, list(tracked.detokenizer.token_ids), finish_reason,
+            0,
+            tracked.detokenizer.text,
+            list(tracked.detokenizer.token_ids),
+            finish_reason,
             stop_reason,
         )  # the detokenizer's ids: the request's own may end in the next step's placeholder
         metrics = metrics_of(request, with_token_times=finish_reason is not None)

@@ -8,7 +8,6 @@ warm-up or the engine thread failed. Only `ready` admits requests.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import hmac
 import logging
 import time
@@ -21,6 +20,7 @@ from prometheus_client import generate_latest
 
 from superinfer.config import EngineConfig
 from superinfer.engine.async_engine import AsyncEngine, EngineSnapshot, RequestStream
+from superinfer.engine.native_memory import release_free_memory
 from superinfer.metrics import (
     ABORTED,
     FINISHED,
@@ -111,7 +111,7 @@ class ServerState:
         """Load the engine off the loop, warm it up, then admit requests."""
         try:
             engine = await asyncio.to_thread(self.engine_factory, self.engine_config)
-            _trim_heap()
+            release_free_memory()
             self.engine = AsyncEngine(engine, on_done=self._on_done)
             self.engine.start()
             self.phase = WARMING_UP
@@ -296,11 +296,3 @@ def _record_of(
         num_preemptions=metrics.num_preemptions,
         num_rotations=metrics.num_swap_outs,
     )
-
-
-def _trim_heap() -> None:
-    """Give the loader's freed scratch memory back to the OS (glibc only)."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
