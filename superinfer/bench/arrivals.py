@@ -4,9 +4,9 @@ from a trace.
 Generated arrivals follow `vllm bench serve`: inter-arrival gaps are gamma distributed with
 shape `burstiness` and mean 1 / rate, so burstiness 1 is a Poisson process, smaller values
 are burstier and larger ones more regular. With burstiness 1 the gaps are drawn with
-`random.expovariate`, exactly as `superinfer.sim.workload.poisson_arrivals` and
-`benchmarks/policies_overload.py` draw them, so the same seed gives the same arrival
-sequence in the simulator, the overload benchmark and a benchmark run.
+`random.expovariate`, as `benchmarks/policies_overload.py` draws them, and the simulator
+(`superinfer.sim.workload.poisson_arrivals`) uses this generator, so the same seed gives
+the same arrival sequence in the simulator, the overload benchmark and a benchmark run.
 
 Times are seconds from the start of the run (the first request may arrive after 0).
 """

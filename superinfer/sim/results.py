@@ -16,20 +16,12 @@ from superinfer.metrics import (
     RequestRecord,
     SLOReport,
     attainment,
+    percentile,
     run_duration_s,
     slo_report,
     targets_dict,
 )
 from superinfer.sim.simulation import SimRun
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The value at rank int(q x (n - 1)) of the sorted values, as the benchmark reports p90
-    (the median is `statistics.median`)."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[int(q * (len(ordered) - 1))]
 
 
 def to_record(request: Request, outcome: str, rejection_reason: str | None = None) -> RequestRecord:
@@ -67,8 +59,8 @@ def latency_summary(reports: Sequence[SLOReport]) -> dict[str, float | None]:
         values = [getattr(r, f"{name}_ms") for r in reports]
         values = [v for v in values if v is not None]
         summary[f"p50_{name}_ms"] = statistics.median(values) if values else None
-        summary[f"p90_{name}_ms"] = percentile(values, 0.9)
-        summary[f"p99_{name}_ms"] = percentile(values, 0.99)
+        summary[f"p90_{name}_ms"] = percentile(values, 90)
+        summary[f"p99_{name}_ms"] = percentile(values, 99)
         summary[f"mean_{name}_ms"] = statistics.fmean(values) if values else None
     return summary
 

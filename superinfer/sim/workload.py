@@ -17,6 +17,8 @@ import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from superinfer.bench.arrivals import generated_arrivals
+
 _DATA_DIR = os.path.join(os.path.dirname(__file__), "data")
 SHAREGPT_LENGTHS_PATH = os.path.join(_DATA_DIR, "sharegpt_lengths_smollm2.json")
 
@@ -102,15 +104,11 @@ def sample_lengths(
 
 
 def poisson_arrivals(num_requests: int, rate: float, seed: int) -> list[float]:
-    """Arrival times (s) of a Poisson process, drawn like `policies_overload.py` does."""
+    """Arrival times (s) of a Poisson process: the benchmark client's generator, so the same
+    seed sends the same sequence in a simulation and in a real benchmark run."""
     if rate <= 0:
         raise ValueError(f"request rate must be > 0, got {rate}")
-    rng = random.Random(seed)
-    t, times = 0.0, []
-    for _ in range(num_requests):
-        t += rng.expovariate(rate)
-        times.append(t)
-    return times
+    return generated_arrivals(num_requests, rate, burstiness=1.0, seed=seed)
 
 
 def num_requests_for(rate: float, duration_s: float) -> int:
