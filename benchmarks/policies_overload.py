@@ -24,7 +24,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from superinfer import LLM, SamplingParams  # noqa: E402
 from superinfer.bench.datasets import sample_sharegpt  # noqa: E402
-from superinfer.metrics import RequestRecord, attainment, run_duration_s, slo_report  # noqa: E402
+from superinfer.metrics import (  # noqa: E402
+    RequestRecord,
+    attainment,
+    percentile,
+    run_duration_s,
+    slo_report,
+)
 from superinfer.slo import SLOTargets  # noqa: E402
 
 SYSTEMS = ["fcfs-recompute", "fcfs-swap", "priority", "edf", "ddps", "rotasched",
@@ -133,7 +139,7 @@ def run_system(name: str, args: argparse.Namespace, arrivals: list[Arrival]) -> 
         "tbt_token_attainment": att.tbt_token, "goodput_rps": att.goodput_rps,
         "output_throughput": sum(r.num_tokens_out for r in records) / duration,
         "duration_s": duration, "p50_ttft_ms": statistics.median(ttfts),
-        "p90_ttft_ms": ttfts[int(0.9 * (len(ttfts) - 1))], "mean_tpot_ms": statistics.fmean(tpots),
+        "p90_ttft_ms": percentile(ttfts, 90), "mean_tpot_ms": statistics.fmean(tpots),
         "mean_step_ms": 1000 * statistics.fmean(step_times), "num_steps": len(step_times),
         "preemptions": stats.num_preemptions, "swap_outs": stats.num_swap_outs,
         "proactive_rotations": stats.num_proactive_rotations,
