@@ -7,7 +7,6 @@ warm-up or the engine thread failed. Only `ready` admits requests.
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import logging
 import time
@@ -110,10 +109,14 @@ class ServerState:
     async def boot(self) -> None:
         """Load the engine off the loop, warm it up, then admit requests."""
         try:
-            engine = await asyncio.to_thread(self.engine_factory, self.engine_config)
+            # built on the engine thread, where all its torch work runs (see AsyncEngine)
+            async_engine = AsyncEngine(
+                lambda: self.engine_factory(self.engine_config), on_done=self._on_done
+            )
+            await async_engine.start()
             release_free_memory()
-            self.engine = AsyncEngine(engine, on_done=self._on_done)
-            self.engine.start()
+            self.engine = async_engine
+            engine = async_engine.engine
             self.phase = WARMING_UP
             report = await self.engine.call(warm_up)
         except Exception:
