@@ -8,8 +8,10 @@ so a block over all layers is one contiguous chunk. The tokens of one step are p
 to back, sequence after sequence. Each layer first writes the K/V of every query token into
 its slot, then attends:
 
-- decode sequences (one query token) together, in ONE call per layer: their blocks are
-  gathered into a (B, kv_heads, max_len, head_dim) batch and padding is masked;
+- decode sequences (one query token) together, in ONE call per layer: on a CPU a C kernel
+  reads their blocks in place (`cpu_attention.py`); elsewhere, or without a compiler,
+  their blocks are gathered into a (B, kv_heads, max_len, head_dim) batch and padding is
+  masked;
 - prefill chunks (several query tokens) one call each, causal with an offset when part of
   the sequence is already cached.
 """
@@ -23,6 +25,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from superinfer.model.cpu_attention import decode_kernel
 
 
 @dataclass(frozen=True)
@@ -48,12 +52,18 @@ class DecodeBatch:
 
     tokens: slice | Tensor  # their rows in the packed step (a slice when contiguous)
     block_ids: Tensor  # (B * max_blocks,) block tables, padded with block 0
+    seq_lens: Tensor  # (B,) tokens of each sequence, the query token included
     mask: Tensor  # (B, 1, 1, max_blocks * block_size) True for keys to attend to
     _bias: Tensor | None = field(default=None, repr=False, compare=False)
 
     @property
     def num_seqs(self) -> int:
         return self.mask.shape[0]
+
+    @property
+    def block_tables(self) -> Tensor:
+        """(B, max_blocks) view of `block_ids`."""
+        return self.block_ids.view(self.num_seqs, -1)
 
     def attn_bias(self, dtype: torch.dtype) -> Tensor:
         """`mask` as an additive bias (0 or -inf), made once per step rather than by
@@ -154,6 +164,7 @@ def _decode_batch(
     return DecodeBatch(
         tokens=tokens,
         block_ids=torch.tensor(block_ids, dtype=torch.long).view(-1).to(device),
+        seq_lens=lengths.to(device),
         mask=mask.view(len(seqs), 1, 1, -1).to(device),
     )
 
@@ -231,6 +242,9 @@ def _decode_attention(
     q: Tensor, kv_cache: Tensor, layer: int, batch: DecodeBatch, workspace: GatherWorkspace
 ) -> Tensor:
     """One query token per sequence: (T, H, D) -> (B, H, D)."""
+    if kv_cache.device.type == "cpu" and (kernel := decode_kernel()) is not None:
+        if kernel.supports(kv_cache, q.shape[1]):
+            return kernel(q[batch.tokens], kv_cache, layer, batch.block_tables, batch.seq_lens)
     num_seqs, num_kv_heads, head_dim = batch.num_seqs, kv_cache.shape[-2], kv_cache.shape[-1]
     k, v = _gather(kv_cache, layer, batch.block_ids, num_seqs, workspace)  # (B, Hkv, N, D)
     # the query heads that share a kv head become that head's query rows: no k/v repeat

@@ -1,0 +1,221 @@
+/* Decode attention straight from the paged KV cache, on CPU (one query token per sequence).
+ *
+ * Built at first use by superinfer/model/cpu_attention.py and called through ctypes with
+ * raw pointers. The cache is the engine's one tensor
+ *     kv_cache[num_blocks][num_layers][2][block_size][num_kv_heads][head_dim]
+ * and each sequence reads only its own blocks, in place: no gathered copy, no padding to
+ * the longest sequence of the batch.
+ *
+ * Work is split flash-decoding style into (sequence, kv head, partition of the context)
+ * items, so a single long sequence still keeps every core busy; each item keeps a running
+ * max, sum and weighted V per query head, and a second pass merges the partitions.
+ * OpenMP is the one torch is linked with (same libgomp), so both share one thread team.
+ *
+ * Compiled without -ffast-math on purpose: in a shared library it can switch the whole
+ * process to flush-to-zero. The flags used only allow reassociating the dot products.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_HEAD_DIM 256
+#define MAX_GROUP 16         /* query heads per kv head */
+#define PARTITION_TOKENS 256 /* context tokens per work item */
+
+static inline float bf16_to_float(uint16_t x) {
+    union { uint32_t u; float f; } v;
+    v.u = (uint32_t)x << 16;
+    return v.f;
+}
+
+static inline uint16_t float_to_bf16(float f) {
+    union { uint32_t u; float f; } v;
+    v.f = f;
+    if (isnan(f)) return 0x7FC0;
+    v.u += 0x7FFF + ((v.u >> 16) & 1); /* round to nearest even */
+    return (uint16_t)(v.u >> 16);
+}
+
+/* e^x for x <= 0 (scores minus their max), in a form the compiler vectorizes (libm's expf
+ * is a scalar call): 2^(x log2 e) = 2^k * 2^f with k integer and |f| <= 1/2, 2^f from its
+ * Taylor series to degree 6 (relative error about 1e-7, float rounding). */
+static inline float exp_nonpositive(float x) {
+    x = x < -87.f ? -87.f : x; /* below that e^x is under float's normal range: 0 */
+    float t = x * 1.4426950409f;
+    float k = floorf(t + 0.5f), f = (t - k) * 0.6931471806f; /* 2^(t-k) = e^f */
+    float p = 1.f / 720.f;
+    p = p * f + 1.f / 120.f;
+    p = p * f + 1.f / 24.f;
+    p = p * f + 1.f / 6.f;
+    p = p * f + 0.5f;
+    p = p * f + 1.f;
+    p = p * f + 1.f;
+    int32_t bits = ((int32_t)k + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+static inline void load_row(const void *src, int64_t index, int is_bf16, float *dst, int n) {
+    if (is_bf16) {
+        const uint16_t *s = (const uint16_t *)src + index;
+        for (int i = 0; i < n; i++) dst[i] = bf16_to_float(s[i]);
+    } else {
+        memcpy(dst, (const float *)src + index, (size_t)n * sizeof(float));
+    }
+}
+
+/* Ask for the rows of one head in the block after the current one: blocks lie anywhere
+ * in the cache, so the hardware prefetcher cannot guess the jump. */
+static inline void prefetch_rows(const void *cache, int64_t base, int is_bf16, int num_rows,
+                                 int64_t row_stride, int head_dim) {
+    const char *p = (const char *)cache + base * (is_bf16 ? 2 : 4);
+    const int64_t row_bytes = (int64_t)head_dim * (is_bf16 ? 2 : 4);
+    for (int r = 0; r < num_rows; r++)
+        for (int64_t line = 0; line < row_bytes; line += 64)
+            __builtin_prefetch(p + r * row_stride * (is_bf16 ? 2 : 4) + line, 0, 1);
+}
+
+/* One work item: query heads [kv_head * group, (kv_head + 1) * group) of sequence `seq`
+ * against context tokens [begin, end). Writes the partition's max, sum and V sums. */
+static void attend_partition(
+    const void *q, const void *cache, int is_bf16, const int64_t *block_table,
+    int64_t block_stride, int64_t layer_offset, int64_t v_offset, int block_size,
+    int num_heads, int num_kv_heads, int head_dim, float scale, int seq, int kv_head,
+    int begin, int end, float *part_max, float *part_sum, float *part_acc) {
+    const int group = num_heads / num_kv_heads;
+    const int token_stride = num_kv_heads * head_dim;
+    float qf[MAX_GROUP][MAX_HEAD_DIM], row[MAX_HEAD_DIM];
+    float scores[MAX_GROUP][PARTITION_TOKENS];
+    for (int g = 0; g < group; g++) {
+        int64_t head = (int64_t)kv_head * group + g;
+        load_row(q, ((int64_t)seq * num_heads + head) * head_dim, is_bf16, qf[g], head_dim);
+        for (int d = 0; d < head_dim; d++) qf[g][d] *= scale;
+    }
+    for (int t = begin; t < end; t++) {
+        int64_t base = block_table[t / block_size] * block_stride + layer_offset +
+                       (int64_t)(t % block_size) * token_stride + (int64_t)kv_head * head_dim;
+        if (t % block_size == 0 && t + block_size < end)
+            prefetch_rows(cache, block_table[t / block_size + 1] * block_stride + layer_offset +
+                          (int64_t)kv_head * head_dim, is_bf16, block_size, token_stride, head_dim);
+        load_row(cache, base, is_bf16, row, head_dim);
+        for (int g = 0; g < group; g++) {
+            float dot = 0.f;
+            for (int d = 0; d < head_dim; d++) dot += qf[g][d] * row[d];
+            scores[g][t - begin] = dot;
+        }
+    }
+    float acc[MAX_GROUP][MAX_HEAD_DIM];
+    for (int g = 0; g < group; g++) {
+        float m = -INFINITY, s = 0.f;
+        for (int i = 0; i < end - begin; i++) m = scores[g][i] > m ? scores[g][i] : m;
+        for (int i = 0; i < end - begin; i++) scores[g][i] = exp_nonpositive(scores[g][i] - m);
+        for (int i = 0; i < end - begin; i++) s += scores[g][i];
+        part_max[g] = m;
+        part_sum[g] = s;
+        memset(acc[g], 0, (size_t)head_dim * sizeof(float));
+    }
+    for (int t = begin; t < end; t++) {
+        int64_t base = block_table[t / block_size] * block_stride + layer_offset + v_offset +
+                       (int64_t)(t % block_size) * token_stride + (int64_t)kv_head * head_dim;
+        if (t % block_size == 0 && t + block_size < end)
+            prefetch_rows(cache, block_table[t / block_size + 1] * block_stride + layer_offset +
+                          v_offset + (int64_t)kv_head * head_dim, is_bf16, block_size,
+                          token_stride, head_dim);
+        load_row(cache, base, is_bf16, row, head_dim);
+        for (int g = 0; g < group; g++) {
+            float p = scores[g][t - begin];
+            for (int d = 0; d < head_dim; d++) acc[g][d] += p * row[d];
+        }
+    }
+    for (int g = 0; g < group; g++)
+        memcpy(part_acc + (int64_t)g * head_dim, acc[g], (size_t)head_dim * sizeof(float));
+}
+
+/* out[s][h][:] = softmax(q[s][h] . K_s^T * scale) V_s for every sequence s of the batch.
+ * q, out: (num_seqs, num_heads, head_dim) contiguous, same dtype as the cache.
+ * block_tables: (num_seqs, max_blocks) int64; seq_lens: (num_seqs,) int64, each >= 1.
+ * Returns 0, or -1 for shapes this kernel does not handle (the caller checks first). */
+int paged_decode_attention(
+    const void *q, const void *kv_cache, void *out, int is_bf16, const int64_t *block_tables,
+    const int64_t *seq_lens, int num_seqs, int max_blocks, int num_layers, int layer,
+    int block_size, int num_heads, int num_kv_heads, int head_dim, float scale,
+    int num_threads) {
+    if (head_dim > MAX_HEAD_DIM || num_heads % num_kv_heads || num_heads / num_kv_heads > MAX_GROUP)
+        return -1;
+    const int64_t layer_size = 2LL * block_size * num_kv_heads * head_dim;
+    const int64_t block_stride = num_layers * layer_size;
+    const int64_t layer_offset = layer * layer_size, v_offset = layer_size / 2;
+    int max_parts = 1;
+    for (int s = 0; s < num_seqs; s++) {
+        int parts = (int)((seq_lens[s] + PARTITION_TOKENS - 1) / PARTITION_TOKENS);
+        if (parts > max_parts) max_parts = parts;
+    }
+    const int group = num_heads / num_kv_heads;
+    const int64_t num_items = (int64_t)num_seqs * num_kv_heads * max_parts;
+    /* per (seq, head, part): max, sum, and head_dim V sums */
+    float *part_max = malloc(sizeof(float) * num_seqs * num_heads * max_parts);
+    float *part_sum = malloc(sizeof(float) * num_seqs * num_heads * max_parts);
+    float *part_acc = malloc(sizeof(float) * num_seqs * num_heads * max_parts * head_dim);
+    if (!part_max || !part_sum || !part_acc) {
+        free(part_max), free(part_sum), free(part_acc);
+        return -2;
+    }
+
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
+    for (int64_t item = 0; item < num_items; item++) {
+        int part = (int)(item % max_parts);
+        int kv_head = (int)(item / max_parts % num_kv_heads);
+        int seq = (int)(item / max_parts / num_kv_heads);
+        int begin = part * PARTITION_TOKENS;
+        int end = begin + PARTITION_TOKENS;
+        if (end > seq_lens[seq]) end = (int)seq_lens[seq];
+        int64_t slot = ((int64_t)seq * num_heads + (int64_t)kv_head * group) * max_parts;
+        if (begin >= end) { /* this sequence is shorter: an empty partition */
+            for (int g = 0; g < group; g++) {
+                part_max[slot + (int64_t)g * max_parts + part] = -INFINITY;
+                part_sum[slot + (int64_t)g * max_parts + part] = 0.f;
+            }
+            continue;
+        }
+        float maxes[MAX_GROUP], sums[MAX_GROUP];
+        float accs[MAX_GROUP * MAX_HEAD_DIM];
+        attend_partition(q, kv_cache, is_bf16, block_tables + (int64_t)seq * max_blocks,
+                         block_stride, layer_offset, v_offset, block_size, num_heads,
+                         num_kv_heads, head_dim, scale, seq, kv_head, begin, end, maxes, sums,
+                         accs);
+        for (int g = 0; g < group; g++) {
+            int64_t at = slot + (int64_t)g * max_parts + part;
+            part_max[at] = maxes[g];
+            part_sum[at] = sums[g];
+            memcpy(part_acc + at * head_dim, accs + (int64_t)g * head_dim,
+                   (size_t)head_dim * sizeof(float));
+        }
+    }
+
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t row = 0; row < (int64_t)num_seqs * num_heads; row++) {
+        const int64_t first = row * max_parts;
+        float m = -INFINITY, total = 0.f, result[MAX_HEAD_DIM];
+        for (int p = 0; p < max_parts; p++) m = part_max[first + p] > m ? part_max[first + p] : m;
+        memset(result, 0, (size_t)head_dim * sizeof(float));
+        for (int p = 0; p < max_parts; p++) {
+            if (part_sum[first + p] == 0.f) continue;
+            float w = exp_nonpositive(part_max[first + p] - m);
+            total += w * part_sum[first + p];
+            const float *acc = part_acc + (first + p) * head_dim;
+            for (int d = 0; d < head_dim; d++) result[d] += w * acc[d];
+        }
+        float inv = 1.f / total;
+        if (is_bf16) {
+            uint16_t *o = (uint16_t *)out + row * head_dim;
+            for (int d = 0; d < head_dim; d++) o[d] = float_to_bf16(result[d] * inv);
+        } else {
+            float *o = (float *)out + row * head_dim;
+            for (int d = 0; d < head_dim; d++) o[d] = result[d] * inv;
+        }
+    }
+    free(part_max), free(part_sum), free(part_acc);
+    return 0;
+}

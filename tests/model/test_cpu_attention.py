@@ -1,0 +1,104 @@
+"""The C decode-attention kernel against dense attention over each sequence's own K/V."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from superinfer.model import cpu_attention
+from superinfer.model.cpu_attention import decode_kernel
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("cc") is None and shutil.which("gcc") is None, reason="needs a C compiler"
+)
+
+NUM_LAYERS, LAYER, BLOCK_SIZE = 3, 1, 16
+
+
+def _case(lengths: list[int], num_heads: int, num_kv_heads: int, head_dim: int,
+          dtype: torch.dtype, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    num_blocks = sum(-(-n // BLOCK_SIZE) for n in lengths) + 8
+    cache = torch.randn(num_blocks, NUM_LAYERS, 2, BLOCK_SIZE, num_kv_heads, head_dim,
+                        generator=gen).to(dtype)  # fmt: skip
+    max_blocks = max(-(-n // BLOCK_SIZE) for n in lengths)
+    shuffled = torch.randperm(num_blocks, generator=gen).tolist()
+    tables = torch.zeros(len(lengths), max_blocks, dtype=torch.long)
+    for seq, n in enumerate(lengths):
+        for i in range(-(-n // BLOCK_SIZE)):
+            tables[seq, i] = shuffled.pop()
+    q = torch.randn(len(lengths), num_heads, head_dim, generator=gen).to(dtype)
+    return q, cache, tables, torch.tensor(lengths)
+
+
+def _reference(q, cache, tables, lengths) -> torch.Tensor:
+    num_heads, num_kv_heads, head_dim = q.shape[1], cache.shape[-2], cache.shape[-1]
+    rows = []
+    for seq, n in enumerate(lengths.tolist()):
+        k, v = (cache[tables[seq], LAYER, i].reshape(-1, num_kv_heads, head_dim)[:n]
+                .float().transpose(0, 1) for i in (0, 1))  # fmt: skip
+        group_q = q[seq].float().view(num_kv_heads, num_heads // num_kv_heads, head_dim)
+        rows.append(F.scaled_dot_product_attention(group_q, k, v).reshape(num_heads, head_dim))
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("heads", [(9, 3), (4, 4), (8, 1)])
+def test_matches_dense_attention(dtype, tolerance, heads):
+    kernel = decode_kernel()
+    assert kernel is not None, "a compiler is here, so the kernel must build"
+    # one token, block edges, several 256-token partitions, and a batch of mixed lengths
+    lengths = [1, 15, 16, 17, 256, 257, 1000, 3]
+    q, cache, tables, seq_lens = _case(lengths, *heads, head_dim=64, dtype=dtype)
+    assert kernel.supports(cache, heads[0])
+    out = kernel(q, cache, LAYER, tables, seq_lens)
+    expected = _reference(q, cache, tables, seq_lens)
+    assert out.dtype == dtype and out.shape == q.shape
+    torch.testing.assert_close(out.float(), expected, rtol=tolerance, atol=tolerance)
+
+
+def test_reads_only_its_own_layer_and_blocks():
+    kernel = decode_kernel()
+    assert kernel is not None
+    q, cache, tables, seq_lens = _case([40, 70], 9, 3, 64, torch.float32)
+    before = kernel(q, cache, LAYER, tables, seq_lens)
+    used = set(tables.flatten().tolist())
+    unused = [b for b in range(cache.shape[0]) if b not in used]
+    cache[unused] = float("nan")  # other blocks
+    cache[:, LAYER + 1] = float("nan")  # another layer
+    # slots past each sequence's length in its last block
+    cache[tables[0, 2], LAYER, :, 40 - 32:] = float("nan")
+    torch.testing.assert_close(kernel(q, cache, LAYER, tables, seq_lens), before)
+
+
+def test_unsupported_shapes_and_dtypes_are_declined():
+    kernel = decode_kernel()
+    assert kernel is not None
+    _, cache, _, _ = _case([4], 9, 3, 64, torch.float16)
+    assert not kernel.supports(cache, 9)
+    _, cache, _, _ = _case([4], 9, 3, 512, torch.float32)
+    assert not kernel.supports(cache, 9)
+
+
+def test_disabled_by_environment(monkeypatch):
+    monkeypatch.setenv("SUPERINFER_CPU_KERNELS", "0")
+    cpu_attention.decode_kernel.cache_clear()
+    try:
+        assert cpu_attention.decode_kernel() is None
+    finally:
+        monkeypatch.undo()
+        cpu_attention.decode_kernel.cache_clear()
+
+
+def test_a_failed_build_falls_back(monkeypatch, tmp_path):
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("SUPERINFER_KERNEL_CACHE", str(tmp_path / "cache"))
+    cpu_attention.decode_kernel.cache_clear()
+    try:
+        assert cpu_attention.decode_kernel() is None
+    finally:
+        monkeypatch.undo()
+        cpu_attention.decode_kernel.cache_clear()
