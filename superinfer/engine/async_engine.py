@@ -55,6 +55,8 @@ class EngineSnapshot:
     num_waiting: int = 0
     num_swapped: int = 0
     num_waiting_tokens: int = 0  # tokens the waiting requests still have to prefill
+    # (next deadline on the engine clock, tokens to prefill) of each waiting request
+    waiting_deadlines: tuple[tuple[float, int], ...] = ()
     device_kv_usage: float = 0.0
     host_kv_usage: float = 0.0
     step_time_s: float = 0.0  # moving average of steps that produced tokens
@@ -123,8 +125,8 @@ class AsyncEngine:
         self._streams: dict[str, RequestStream] = {}  # loop side
         self._active: set[str] = set()  # engine-thread side: added, not final
         self._commands: deque[Callable[[], None]] = deque()
-        self._num_pending = 0  # adds queued, not yet in the scheduler
-        self._num_pending_tokens = 0
+        # adds queued, not yet in the scheduler: request id -> (TTFT deadline, prompt tokens)
+        self._pending: dict[str, tuple[float, int]] = {}
         self._cond = threading.Condition()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -194,8 +196,8 @@ class AsyncEngine:
             arrival_time, priority, slo or SLOTargets(), len(prompt_token_ids),
         )  # fmt: skip
         with self._cond:
-            self._num_pending += 1
-            self._num_pending_tokens += add.num_prompt_tokens
+            deadline = arrival_time + add.slo.ttft_s
+            self._pending[request_id] = (deadline, add.num_prompt_tokens)
             self._commands.append(lambda: self._apply_add(add))
             self._cond.notify()
         return stream
@@ -217,14 +219,14 @@ class AsyncEngine:
         self._submit(run)
         return await asyncio.wrap_future(future)
 
-    def queue_load(self) -> tuple[int, int]:
-        """(requests, prompt tokens) waiting to be admitted, including those not yet added."""
+    def queue_load(self, deadline: float | None = None) -> tuple[int, int]:
+        """(requests, prompt tokens) waiting to be admitted, including those not yet added;
+        with `deadline`, only those whose next deadline is not later."""
         with self._cond:
-            snapshot = self.snapshot
-            return (
-                snapshot.num_waiting + self._num_pending,
-                snapshot.num_waiting_tokens + self._num_pending_tokens,
-            )
+            queued = list(self.snapshot.waiting_deadlines) + list(self._pending.values())
+        if deadline is not None:
+            queued = [(d, n) for d, n in queued if d <= deadline]
+        return len(queued), sum(n for _, n in queued)
 
     async def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no request is unfinished; False if `timeout_s` passed first."""
@@ -307,8 +309,7 @@ class AsyncEngine:
 
     def _apply_add(self, add: _Add) -> None:
         with self._cond:
-            self._num_pending -= 1
-            self._num_pending_tokens -= add.num_prompt_tokens
+            self._pending.pop(add.request_id, None)
         try:
             self.engine.add_request(
                 add.prompt, add.params, add.request_id, add.arrival_time, add.priority, add.slo
@@ -353,6 +354,9 @@ class AsyncEngine:
             num_waiting=len(scheduler.waiting),
             num_swapped=len(scheduler.swapped),
             num_waiting_tokens=sum(r.num_uncomputed_tokens for r in scheduler.waiting),
+            waiting_deadlines=tuple(
+                (r.next_deadline(), r.num_uncomputed_tokens) for r in scheduler.waiting
+            ),
             device_kv_usage=kv.device.usage,
             host_kv_usage=kv.host.usage,
             step_time_s=step_time_s,

@@ -2,6 +2,12 @@
 
 - 425 `slo_infeasible`: the end-to-end deadline passed, or the server's own estimate
   (queue ahead + prefill + decode at the current step time) says it cannot be met;
+- 425 `slo_infeasible` too when the request binds a TTFT target (it gave one, or its class
+  rejects infeasible requests) and the estimate of its first token (the prompt tokens
+  queued ahead and its own, at the measured prefill cost, plus a decode step per step's
+  worth of them) is past that target. Under overload this keeps the queue to what can
+  still start in time: requests queued behind a backlog would miss their TTFT anyway,
+  and serving them late would make the requests after them late as well;
 - 429 `queue_full` with Retry-After: the waiting queue is full by count or by tokens.
 
 Readiness (503) and input validation (400) are checked before this.
@@ -23,6 +29,7 @@ class Load:
     num_queued_tokens: int  # their prompt tokens still to prefill
     step_time_s: float  # current time of one step (decode at the current batch)
     prefill_s_per_token: float  # measured prefill cost per prompt token
+    num_batched_tokens: int = 512  # token budget of one step
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,29 @@ class Admission:
         """Seconds from now to the last token: queue ahead + prefill + decode."""
         num_prefill = load.num_queued_tokens + num_prompt_tokens
         return num_prefill * load.prefill_s_per_token + (max_tokens - 1) * load.step_time_s
+
+    @staticmethod
+    def estimate_ttft_s(load: Load, num_prompt_tokens: int) -> float:
+        """Seconds from now to the first token: the queued prompt tokens and this one's,
+        at the prefill cost, plus one decode step for every step they take."""
+        num_prefill = load.num_queued_tokens + num_prompt_tokens
+        num_steps = -(-num_prefill // max(1, load.num_batched_tokens))
+        return num_prefill * load.prefill_s_per_token + num_steps * load.step_time_s
+
+    def check_first_token(
+        self, load: Load, num_prompt_tokens: int, ttft_ms: float, elapsed_s: float
+    ) -> None:
+        """Raise APIError 425 if the first token cannot come within `ttft_ms` of arrival;
+        `load` counts the queue that will be served before this request."""
+        budget_s = ttft_ms / 1000.0 - elapsed_s
+        estimate_s = self.estimate_ttft_s(load, num_prompt_tokens)
+        if estimate_s > budget_s:
+            raise APIError(
+                425,
+                f"the TTFT target cannot be met: the first token is estimated in "
+                f"{estimate_s * 1000:.0f} ms, {max(0.0, budget_s) * 1000:.0f} ms are left",
+                "slo_infeasible",
+            )
 
     def _check_deadline(
         self,

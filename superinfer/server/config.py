@@ -25,6 +25,12 @@ class ServerConfig:
     max_num_queued_tokens: int = opt(
         1 << 20, "Most prompt tokens waiting for admission at once; more get 429."
     )
+    reject_infeasible_ttft: bool = opt(
+        True,
+        "Answer 425 slo_infeasible when a request that set a TTFT target (or whose class "
+        "rejects infeasible requests) cannot get its first token in time by the server's "
+        "estimate. Requests on the default targets are never rejected for TTFT.",
+    )
     slo_config: str | None = opt(
         None,
         "YAML or JSON file with the SLO classes (default targets, reserved KV and token "

@@ -30,10 +30,20 @@ HEADER_CLASS = "x-slo-class"
 class BoundSLO:
     targets: SLOTargets  # slo_class set when the request has a class
     slo_class: SLOClass | None
+    is_ttft_given: bool = False  # the request set a TTFT target (header or body)
 
     @property
     def is_reject_infeasible(self) -> bool:
         return self.slo_class is None or self.slo_class.reject_infeasible
+
+    @property
+    def binding_ttft_ms(self) -> float | None:
+        """The TTFT target admission holds the request to: one it gave or its class's.
+        None for requests on the server's default targets, which are served best effort
+        (a plain OpenAI client never gets a 425 for a target it did not ask for)."""
+        if self.slo_class is None and not self.is_ttft_given:
+            return None
+        return self.targets.ttft_ms
 
 
 def bind_slo(
@@ -56,7 +66,7 @@ def bind_slo(
         max_latency_ms=base.max_latency_ms if max_latency is None else max_latency,
         slo_class=slo_class.name if slo_class else None,
     )
-    return BoundSLO(targets, slo_class)
+    return BoundSLO(targets, slo_class, is_ttft_given=ttft is not None)
 
 
 def _resolve_class(header: str | None, body: str | None, config: SLOConfig) -> SLOClass | None:

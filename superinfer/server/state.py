@@ -192,15 +192,22 @@ class ServerState:
             raise APIError(404, f"the model {model[:128]!r} does not exist; this server serves "
                            f"{self.model_name!r}", "model_not_found", "model")  # fmt: skip
 
-    def load(self) -> Load:
+    def load(self, deadline: float | None = None) -> Load:
+        """The engine's load for admission; with `deadline` (engine clock), the queue counts
+        only requests due by then, where the policy admits by deadline."""
         assert self.engine is not None
         snapshot = self.engine.snapshot
-        num_queued, num_queued_tokens = self.engine.queue_load()
+        if not self.engine.engine.scheduler.policy.is_queue_by_deadline:
+            deadline = None
+        num_queued, num_queued_tokens = self.engine.queue_load(deadline)
         is_busy = snapshot.num_running > 0
         step_time = (
             snapshot.step_time_s if is_busy and snapshot.step_time_s else self.warmup_step_time_s
         )
-        return Load(num_queued, num_queued_tokens, step_time, self.engine.prefill_s_per_token)
+        return Load(
+            num_queued, num_queued_tokens, step_time, self.engine.prefill_s_per_token,
+            self.engine_config.scheduler.max_num_batched_tokens,
+        )  # fmt: skip
 
     # --- admitted requests ----------------------------------------------------------------
     def admit(
@@ -213,11 +220,18 @@ class ServerState:
             raise APIError(400, f"request_id {prepared.request_id!r} is already in use",
                            "duplicate_request_id", "request_id")  # fmt: skip
         slo = prepared.slo
+        elapsed_s = time.monotonic() - arrival.monotonic
         self.admission.check(
             self.load(), len(prepared.prompt_token_ids), expected_tokens,
-            slo.targets.max_latency_ms, time.monotonic() - arrival.monotonic,
-            slo.is_reject_infeasible,
+            slo.targets.max_latency_ms, elapsed_s, slo.is_reject_infeasible,
         )  # fmt: skip
+        ttft_ms = slo.binding_ttft_ms if self.config.reject_infeasible_ttft else None
+        if ttft_ms is not None and slo.is_reject_infeasible:
+            # the queue ahead of this request: all of it, or what is due before its TTFT
+            load = self.load(deadline=arrival.monotonic + ttft_ms / 1000.0)
+            self.admission.check_first_token(
+                load, len(prepared.prompt_token_ids), ttft_ms, elapsed_s
+            )
         inflight = self.inflight[prepared.request_id] = Inflight(prepared, arrival)
         stream = self.engine.add_request(
             prepared.request_id, prepared.prompt_token_ids, prepared.params,

@@ -52,3 +52,24 @@ def test_queue_full_by_count_and_by_tokens():
 def test_retry_after_is_bounded():
     assert retry_after_s(Load(0, 0, 0.0, 0.0)) == 1
     assert retry_after_s(Load(10, 10**9, 1.0, 1.0)) == 60
+
+
+def check_ttft(load, prompt, ttft_ms, elapsed_s=0.0):
+    ADMISSION.check_first_token(load, prompt, ttft_ms, elapsed_s)
+
+
+def test_ttft_estimate_is_queued_prefill_plus_a_decode_step_per_step_of_it():
+    load = Load(2, 900, 0.05, 0.002, num_batched_tokens=512)
+    # 1,000 prompt tokens at 2 ms, over two steps of 512 tokens, each with a 50 ms decode
+    assert Admission.estimate_ttft_s(load, 100) == pytest.approx(1000 * 0.002 + 2 * 0.05)
+
+
+def test_a_first_token_that_cannot_come_in_time_is_425():
+    backlog = Load(3, 900, 0.05, 0.002, num_batched_tokens=512)  # 2.1 s to this one's token
+    check_ttft(backlog, 100, ttft_ms=3000)
+    with pytest.raises(APIError) as info:
+        check_ttft(backlog, 100, ttft_ms=2000)
+    assert info.value.status == 425 and info.value.code == "slo_infeasible"
+    assert "TTFT" in str(info.value)
+    with pytest.raises(APIError):  # time spent before admission counts
+        check_ttft(backlog, 100, ttft_ms=3000, elapsed_s=1.0)

@@ -79,3 +79,11 @@ def test_bad_values_are_400(headers, body, code):
     with pytest.raises(APIError) as info:
         bind(headers, body)
     assert info.value.status == 400 and info.value.code == code
+
+
+def test_admission_holds_a_request_to_a_ttft_it_gave_or_its_class_gave():
+    assert bind().binding_ttft_ms is None  # server defaults: best effort on TTFT
+    assert bind({"x-slo-ttft-ms": "300"}).binding_ttft_ms == 300
+    assert bind(body={"ttft_ms": 400}).binding_ttft_ms == 400
+    assert bind({"x-slo-class": "gold"}).binding_ttft_ms == 200
+    assert bind({"x-slo-tbt-ms": "90"}).binding_ttft_ms is None

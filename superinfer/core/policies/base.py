@@ -32,6 +32,9 @@ class SchedulingPolicy(ABC):
     name: ClassVar[str]
     is_preempt_by_swap: ClassVar[bool] = False  # victims go to the host tier, else recompute
     is_eager_writeback: ClassVar[bool] = False  # copy full blocks to host shadows early
+    # waiting requests are admitted earliest next deadline first (as VLT and slack orders
+    # do), so a newcomer waits only for those due before it; else for the whole queue
+    is_queue_by_deadline: ClassVar[bool] = False
 
     def __init__(self, config: SchedulerConfig | None = None) -> None:
         self.config = config or SchedulerConfig()

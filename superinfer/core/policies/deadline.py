@@ -27,6 +27,8 @@ def by_deadline(requests: Sequence[Request]) -> list[Request]:
 
 @register_policy("edf")
 class EarliestDeadlineFirst(SchedulingPolicy):
+    is_queue_by_deadline = True
+
     def order_running(self, running: Sequence[Request], now: float) -> list[Request]:
         return by_deadline(running)
 
@@ -41,6 +43,7 @@ class EarliestDeadlineFirst(SchedulingPolicy):
 
 @register_policy("ddps")
 class DeadlineDrivenPreemptive(SchedulingPolicy):
+    is_queue_by_deadline = True
     is_preempt_by_swap = True
     is_eager_writeback = True
 

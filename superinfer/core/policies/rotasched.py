@@ -37,6 +37,7 @@ def virtual_lag_time(request: Request, now: float) -> float:
 
 @register_policy("rotasched")
 class RotaSched(SchedulingPolicy):
+    is_queue_by_deadline = True
     is_preempt_by_swap = True
     is_eager_writeback = True
 
