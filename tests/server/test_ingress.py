@@ -61,6 +61,15 @@ def test_feasible_deadline_is_served(server):
     assert response.status_code == 200 and response.json()["slo"]["deadline_met"]
 
 
+def test_a_ttft_target_the_prefill_alone_breaks_is_425_and_no_target_is_served(server):
+    # 1,000 prompt tokens cannot be prefilled in 5 ms here: refused at once, never queued
+    body = {"prompt": list(range(100, 1100)), "max_tokens": 1, "temperature": 0}
+    response = server.post("/v1/completions", body, headers={"x-slo-ttft-ms": "5"})
+    assert "TTFT" in assert_error(response, 425, "slo_infeasible")["message"]
+    # the same request on the server's default targets is served, however late
+    assert server.post("/v1/completions", body).status_code == 200
+
+
 TOO_LONG = {"prompt": list(range(100, 2148)), "max_tokens": 1}
 MALFORMED = [
     ("invalid json", "{", None, "invalid_json"),
