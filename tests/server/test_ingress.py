@@ -144,8 +144,12 @@ def test_duplicate_request_id_is_400_while_the_first_runs(server):
         with client.stream(
             "POST", server.url + "/v1/completions", json={**body, "stream": True}
         ) as first:
-            next(first.iter_lines())
+            # keep the line iterator: dropping it closes the stream, the server then sees a
+            # disconnect and may abort the first request before the second one arrives
+            lines = first.iter_lines()
+            assert next(lines).startswith("data: ")
             assert_error(server.post("/v1/completions", body), 400, "duplicate_request_id")
+            assert sum(1 for line in lines if line.startswith("data: ")) > 1  # still streaming
 
 
 def test_non_stream_client_that_leaves_aborts_its_request(server):
