@@ -83,22 +83,20 @@ def test_unsupported_shapes_and_dtypes_are_declined():
     assert not kernel.supports(cache, 9)
 
 
-def test_disabled_by_environment(monkeypatch):
-    monkeypatch.setenv("SUPERINFER_CPU_KERNELS", "0")
+@pytest.fixture
+def fresh_lookup():
+    """`decode_kernel` looks again under this test's environment, and again afterwards."""
     cpu_attention.decode_kernel.cache_clear()
-    try:
-        assert cpu_attention.decode_kernel() is None
-    finally:
-        monkeypatch.undo()
-        cpu_attention.decode_kernel.cache_clear()
+    yield
+    cpu_attention.decode_kernel.cache_clear()
 
 
-def test_a_failed_build_falls_back(monkeypatch, tmp_path):
+def test_disabled_by_environment(monkeypatch, fresh_lookup):
+    monkeypatch.setenv("SUPERINFER_CPU_KERNELS", "0")
+    assert cpu_attention.decode_kernel() is None
+
+
+def test_a_failed_build_falls_back(monkeypatch, tmp_path, fresh_lookup):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     monkeypatch.setenv("SUPERINFER_KERNEL_CACHE", str(tmp_path / "cache"))
-    cpu_attention.decode_kernel.cache_clear()
-    try:
-        assert cpu_attention.decode_kernel() is None
-    finally:
-        monkeypatch.undo()
-        cpu_attention.decode_kernel.cache_clear()
+    assert cpu_attention.decode_kernel() is None
