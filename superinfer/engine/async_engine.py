@@ -54,7 +54,6 @@ class EngineSnapshot:
     num_running: int = 0
     num_waiting: int = 0
     num_swapped: int = 0
-    num_waiting_tokens: int = 0  # tokens the waiting requests still have to prefill
     # (next deadline on the engine clock, tokens to prefill) of each waiting request
     waiting_deadlines: tuple[tuple[float, int], ...] = ()
     device_kv_usage: float = 0.0
@@ -353,7 +352,6 @@ class AsyncEngine:
             num_running=len(scheduler.running),
             num_waiting=len(scheduler.waiting),
             num_swapped=len(scheduler.swapped),
-            num_waiting_tokens=sum(r.num_uncomputed_tokens for r in scheduler.waiting),
             waiting_deadlines=tuple(
                 (r.next_deadline(), r.num_uncomputed_tokens) for r in scheduler.waiting
             ),
