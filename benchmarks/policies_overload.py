@@ -31,6 +31,8 @@ from superinfer.metrics import (  # noqa: E402
     run_duration_s,
     slo_report,
 )
+from superinfer.sim.calibrate import StepTimer  # noqa: E402
+from superinfer.sim.fitted import SAMPLE_COLUMNS, StepSample, sample_row  # noqa: E402
 from superinfer.slo import SLOTargets  # noqa: E402
 
 SYSTEMS = ["fcfs-recompute", "fcfs-swap", "priority", "edf", "ddps", "rotasched",
@@ -82,9 +84,12 @@ def make_arrivals(args: argparse.Namespace, tokenizer) -> tuple[list[Arrival], i
 
 def replay(
     llm: LLM, arrivals: list[Arrival], slo: SLOTargets
-) -> tuple[list[RequestRecord], list[float]]:
-    """Feed `arrivals` in real time; returns per-request records and step times."""
+) -> tuple[list[RequestRecord], list[float], list[StepSample]]:
+    """Feed `arrivals` in real time; returns per-request records, step times and each
+    step's batch shape with its forward and host seconds (the simulator's predictor
+    inputs, to check it on the steps served)."""
     engine = llm.engine
+    timer = StepTimer(engine)
     start = engine.clock()
     pending, records, step_times = list(arrivals), [], []
     while pending or engine.has_unfinished_requests():
@@ -98,10 +103,10 @@ def replay(
             time.sleep(max(0.0, pending[0].at_s - (engine.clock() - start)))
             continue
         t0 = time.perf_counter()
-        outputs = engine.step()
+        outputs = timer.step()
         step_times.append(time.perf_counter() - t0)
         records += [to_record(o) for o in outputs if o.finished]
-    return records, step_times
+    return records, step_times, timer.samples
 
 
 def to_record(output) -> RequestRecord:
@@ -124,7 +129,7 @@ def run_system(name: str, args: argparse.Namespace, arrivals: list[Arrival]) -> 
     try:
         llm.generate(["warm up"] * 2, SamplingParams(max_tokens=4))
         slo = SLOTargets(ttft_ms=args.ttft_slo_ms, tbt_ms=args.tbt_slo_ms)
-        records, step_times = replay(llm, arrivals, slo)
+        records, step_times, step_samples = replay(llm, arrivals, slo)
         stats = llm.engine.scheduler.stats
         transfers = llm.engine.transfer.stats
     finally:
@@ -145,6 +150,8 @@ def run_system(name: str, args: argparse.Namespace, arrivals: list[Arrival]) -> 
         "proactive_rotations": stats.num_proactive_rotations,
         "kv_gb_d2h": transfers.d2h.num_bytes / 1e9, "kv_gb_h2d": transfers.h2d.num_bytes / 1e9,
         "records": [r.__dict__ | {"targets": r.targets.__dict__} for r in records],
+        "step_columns": [*SAMPLE_COLUMNS, "forward_s", "host_s"],
+        "steps": [sample_row(s) for s in step_samples],
     }  # fmt: skip
 
 

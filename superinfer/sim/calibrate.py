@@ -1,8 +1,12 @@
 """`superinfer calibrate`: time the real engine's steps and fit the simulator's predictor.
 
 Runs the real `LLMEngine` over a grid of batches: lone prompts of several lengths
-(prefill), and batches of 1 to 64 requests with short and long contexts (chunked prefill,
-mixed steps, decodes). Each step gives one sample (batch shape, forward seconds, host
+(prefill, and chunks after cached context past the token budget), batches of 1 to 64
+requests at every knot of the fit's token axis with short and long contexts (chunked
+prefill, decodes), and prompts that join running decodes (mixed steps, as a served engine
+mostly runs them); each pass ends with a served mix of requests arriving in real time,
+whose scatter around the fit gives the step-time noise (`sim/noise.py`). Each step gives one
+sample (batch shape, forward seconds, host
 seconds; see `StepTimer` for how each is timed with the step pipeline on, the engine's
 default, and off); the repeats of a shape are reduced to their median and fitted by
 `FittedPredictor.fit`. The KV link is timed too (one long run of blocks and many
@@ -17,6 +21,7 @@ GPU, the same command with `--device cuda` times that GPU.
 from __future__ import annotations
 
 import logging
+import math
 import platform
 import random
 import statistics
@@ -24,14 +29,28 @@ import time
 from dataclasses import dataclass
 
 from superinfer.sim.fitted import FittedPredictor, StepSample
+from superinfer.sim.noise import NoiseParams
 from superinfer.sim.predictor import BatchShape
 
 logger = logging.getLogger(__name__)
 
-PREFILL_LENGTHS = (16, 64, 128, 256, 384, 512, 1000)
-DECODE_BATCHES = (1, 8, 32, 64)
-DECODE_CONTEXTS = (32, 256)
+# knots and counts between them: a CPU's linear layers pad rows up to buckets, so a count
+# past a knot can cost 10-15% more than the line through the knots (37 tokens against 32)
+PREFILL_LENGTHS = (16, 24, 32, 37, 48, 64, 85, 100, 128, 133, 192, 200, 256, 300, 384, 450,
+                   512, 700, 1000)  # fmt: skip
+# (context, batch sizes): every knot of `token_knots` up to 64 at a short context, fewer
+# at longer ones (which add the decode-context slope and cost a long prefill each)
+DECODE_GRID = (
+    (32, (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64)),
+    (256, (1, 2, 4, 8, 16, 32, 64)),
+    (640, (1, 4, 12)),
+)
 DECODE_STEPS = 6
+# (running decodes, their context, the joining prompt's lengths)
+MIXED_GRID = ((2, 64, (32, 45, 128, 170, 320)), (6, 64, (32, 90, 128, 320)), (12, 64, (64, 256)))
+# the served mix: requests of random lengths arriving in real time (see `run_served_mix`)
+SERVED_MIX_REQUESTS = 60  # over all passes
+SERVED_MIX_RATE = 2.0  # arrivals per second
 
 
 @dataclass
@@ -88,13 +107,15 @@ class StepTimer:
             future.add_done_callback(lambda _: timed.finish())
         return _WaitTimer(future, self)
 
-    def step(self) -> None:
+    def step(self) -> list:
+        """One `engine.step()`, timed; returns its outputs."""
         self._current, self._blocked_s = None, 0.0
         start = time.perf_counter()
-        self.engine.step()
+        outputs = self.engine.step()
         if self._current is not None:
             self._current.host_s = max(0.0, time.perf_counter() - start - self._blocked_s)
             self._timed.append(self._current)
+        return outputs
 
     @property
     def samples(self) -> list[StepSample]:
@@ -147,34 +168,94 @@ def build_engine(options: CalibrationOptions):
     return LLMEngine(config)
 
 
-def run_batch(
-    timer: StepTimer, rng: random.Random, num_prompt: int, num_requests: int, max_tokens: int
-) -> None:
+def add_random(timer: StepTimer, rng: random.Random, num_prompt: int, max_tokens: int):
     from superinfer.sampling_params import SamplingParams
 
     engine = timer.engine
-    vocab = engine.model_config.vocab_size
+    prompt = [rng.randrange(engine.model_config.vocab_size) for _ in range(num_prompt)]
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    return engine.add_request({"prompt_token_ids": prompt}, params)
+
+
+def run_batch(
+    timer: StepTimer, rng: random.Random, num_prompt: int, num_requests: int, max_tokens: int
+) -> None:
     for _ in range(num_requests):
-        prompt = [rng.randrange(vocab) for _ in range(num_prompt)]
-        engine.add_request({"prompt_token_ids": prompt}, params)
-    while engine.has_unfinished_requests():
+        add_random(timer, rng, num_prompt, max_tokens)
+    while timer.engine.has_unfinished_requests():
         timer.step()
 
 
-def collect_samples(engine, options: CalibrationOptions) -> list[StepSample]:
+def run_mixed(
+    timer: StepTimer, rng: random.Random, num_running: int, context: int, num_prompt: int
+) -> None:
+    """`num_running` requests decode; then a prompt joins them (mixed steps)."""
+    running = [add_random(timer, rng, context, 4 + DECODE_STEPS) for _ in range(num_running)]
+    while not all(r.num_output_tokens for r in running):
+        timer.step()
+    add_random(timer, rng, num_prompt, 1)
+    while timer.engine.has_unfinished_requests():
+        timer.step()
+
+
+def run_served_mix(
+    timer: StepTimer, rng: random.Random, num_requests: int, rate: float, max_model_len: int
+) -> None:
+    """Requests of random lengths (prompts 8-600 tokens, log-uniform; 8-128 output tokens)
+    arriving by a Poisson process in real time, as a server sees them: prompts join
+    running decodes at any token count, and a step after an idle gap starts cold (5-20%
+    slower here than back to back). The grid alone missed both: fitted to it, the
+    predictor was 5-10% fast on the steps a served run made."""
+    gaps = [rng.expovariate(rate) for _ in range(num_requests)]
+    start, due = time.perf_counter(), 0.0
+    pending = []
+    for gap in gaps:
+        due += gap
+        num_prompt = min(int(math.exp(rng.uniform(math.log(8), math.log(600)))), max_model_len // 2)
+        pending.append((due, num_prompt, rng.randint(8, 128)))
+    engine = timer.engine
+    while pending or engine.has_unfinished_requests():
+        now = time.perf_counter() - start
+        while pending and pending[0][0] <= now:
+            _, num_prompt, max_tokens = pending.pop(0)
+            add_random(timer, rng, num_prompt, max_tokens)
+        if engine.has_unfinished_requests():
+            timer.step()
+        elif pending:
+            time.sleep(max(0.0, pending[0][0] - (time.perf_counter() - start)))
+
+
+def collect_samples(
+    engine, options: CalibrationOptions
+) -> tuple[list[StepSample], list[StepSample]]:
+    """The grid's samples and the served mix's (in step order). Every pass ends with a
+    share of the served mix, so its samples, like the grid's, span the calibration rather
+    than one window of it (this machine's speed drifts by about 5% over minutes)."""
     rng = random.Random(options.seed)
     timer = StepTimer(engine)
     run_batch(timer, rng, 64, 4, 4)  # warm-up
     timer.clear()
+    grid: list[StepSample] = []
+    served: list[StepSample] = []
+    num_served = max(10, SERVED_MIX_REQUESTS // options.repeats)
     for repeat in range(options.repeats):
         for num_prompt in PREFILL_LENGTHS:
             run_batch(timer, rng, min(num_prompt, options.max_model_len - 2), 1, 1)
-        for batch in DECODE_BATCHES:
-            for context in DECODE_CONTEXTS:
-                run_batch(timer, rng, context, min(batch, options.max_num_seqs), DECODE_STEPS)
-        logger.info("calibration pass %d: %d samples", repeat + 1, len(timer.samples))
-    return timer.samples
+        for context, batches in DECODE_GRID:
+            context = min(context, options.max_model_len - DECODE_STEPS - 2)
+            for batch in sorted({min(b, options.max_num_seqs) for b in batches}):
+                run_batch(timer, rng, context, batch, DECODE_STEPS)
+        for num_running, context, prompts in MIXED_GRID:
+            for num_prompt in prompts:
+                run_mixed(timer, rng, min(num_running, options.max_num_seqs), context, num_prompt)
+        grid += timer.samples
+        timer.clear()
+        run_served_mix(timer, rng, num_served, SERVED_MIX_RATE, options.max_model_len)
+        served += timer.samples
+        timer.clear()
+        logger.info("calibration pass %d: %d grid, %d served samples", repeat + 1, len(grid),
+                    len(served))  # fmt: skip
+    return grid, served
 
 
 def measure_link(engine, num_blocks: int = 256, repeats: int = 3) -> dict:
@@ -228,7 +309,7 @@ def calibrate(options: CalibrationOptions) -> FittedPredictor:
     engine = build_engine(options)
     try:
         started = time.perf_counter()
-        samples = collect_samples(engine, options)
+        grid, served = collect_samples(engine, options)
         link = measure_link(engine)
     finally:
         engine.close()
@@ -244,14 +325,21 @@ def calibrate(options: CalibrationOptions) -> FittedPredictor:
         "date": time.strftime("%Y-%m-%d"),
         "note": "timed on a shared 2-core machine; other jobs add noise",
     }  # fmt: skip
-    return FittedPredictor.fit(median_samples(samples), meta)
+    fit = FittedPredictor.fit(median_samples(grid + served), options.max_num_batched_tokens, meta)
+    noise = NoiseParams.estimate(
+        [s.forward_s for s in served], [fit.forward_time(s.batch) for s in served]
+    )
+    fit.meta["step_noise"] = {**noise.to_dict(), "num_steps": len(served)}
+    return fit
 
 
 def median_samples(samples: list[StepSample]) -> list[StepSample]:
     """One sample per distinct batch shape, with the median times of its repeats.
 
     The grid is deterministic, so each pass times the same shapes; the median keeps a
-    step slowed by another job on a shared machine from pulling the fit."""
+    step slowed by another job on a shared machine from pulling the fit. The served mix's
+    shapes rarely repeat; they stay single samples, and the least-squares fit averages
+    them, slow spells included, as a served run meets them."""
     groups: dict[BatchShape, list[StepSample]] = {}
     for sample in samples:
         groups.setdefault(sample.batch, []).append(sample)

@@ -31,6 +31,16 @@ class SimConfig:
     )
     link_gbps: float | None = opt(None, "Override the host link's GB/s per direction.")
     half_duplex: bool = opt(False, "Model the host link as half duplex (directions take turns).")
+    step_noise_sigma: float | None = opt(
+        None,
+        "Step-time noise: standard deviation of each step's log time factor (mean 1), "
+        "consecutive steps correlated by --step-noise-lag1 (default: what `calibrate` "
+        "measured for a fitted predictor, none for the roofline; 0: exact predicted times).",
+    )
+    step_noise_lag1: float | None = opt(
+        None, "Correlation of consecutive steps' noise (default: the fit's, else 0)."
+    )
+    noise_seed: int = opt(0, "Seed of the step-time noise.")
     block_size: int = opt(16, "Tokens per KV block.")
     num_device_blocks: int | None = opt(
         None, "Device KV pool in blocks (default: what the device memory leaves after weights)."
@@ -67,6 +77,10 @@ class SimConfig:
             raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be >= 1")
         if self.transfer_mode not in ("duplex", "naive"):
             raise ValueError(f"transfer_mode must be duplex or naive, got {self.transfer_mode!r}")
+        if self.step_noise_sigma is not None and self.step_noise_sigma < 0:
+            raise ValueError(f"step_noise_sigma must be >= 0, got {self.step_noise_sigma}")
+        if self.step_noise_lag1 is not None and not 0 <= self.step_noise_lag1 < 1:
+            raise ValueError(f"step_noise_lag1 must be in [0, 1), got {self.step_noise_lag1}")
 
 
 @dataclass

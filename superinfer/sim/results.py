@@ -143,6 +143,7 @@ def result_json(
         },
         "config": asdict(system.config), "workload": workload or {},
         "hardware_profile": asdict(system.hardware), "predictor": predictor,
+        "step_noise": system.noise.to_dict(),
     }  # fmt: skip
     if run.engine.timeline:
         result["timeline"] = [asdict(s) for s in run.engine.timeline]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from superinfer.core.outputs import ModelOutput, SchedulerOutput
+from superinfer.sim.noise import StepNoise
 from superinfer.sim.predictor import BatchShape, StepTimePredictor
 
 SAMPLED_TOKEN = 1
@@ -23,14 +24,18 @@ class RunnerCounters:
 
 
 class SimModelRunner:
-    def __init__(self, predictor: StepTimePredictor) -> None:
+    def __init__(self, predictor: StepTimePredictor, noise: StepNoise | None = None) -> None:
         self.predictor = predictor
+        self.noise = noise
         self.counters = RunnerCounters()
 
     def duration(self, output: SchedulerOutput) -> float:
-        """Seconds the forward of `output` takes; counts it as launched."""
+        """Seconds the forward of `output` takes (the predictor's mean times the step's
+        noise factor); counts it as launched."""
         batch = BatchShape.of(output)
         seconds = self.predictor.forward_time(batch)
+        if self.noise is not None:
+            seconds *= self.noise.factor()
         self.counters.num_steps += 1
         self.counters.num_tokens += batch.num_tokens
         self.counters.busy_s += seconds

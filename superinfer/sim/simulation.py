@@ -18,6 +18,7 @@ from superinfer.sim.events import Arrival, TransferDone
 from superinfer.sim.fitted import FittedPredictor
 from superinfer.sim.hardware import GIB, HardwareProfile, get_hardware
 from superinfer.sim.models import ModelProfile, get_model
+from superinfer.sim.noise import NoiseParams, StepNoise
 from superinfer.sim.predictor import StepTimePredictor
 from superinfer.sim.roofline import RooflinePredictor
 from superinfer.sim.runner import SimModelRunner
@@ -43,6 +44,7 @@ class SimSystem:
     num_device_blocks: int
     num_host_blocks: int
     max_model_len: int
+    noise: NoiseParams  # step-time noise (exact: none)
 
 
 @dataclass
@@ -81,7 +83,17 @@ def build_system(config: SimConfig, predictor: StepTimePredictor | None = None) 
         config, hardware, model, predictor,
         resolve_targets(model, hardware, config.ttft_slo_ms, config.tbt_slo_ms),
         num_device, int(host_gib * GIB // block_bytes), config.max_model_len or model.max_model_len,
+        step_noise(config, predictor),
     )  # fmt: skip
+
+
+def step_noise(config: SimConfig, predictor: StepTimePredictor) -> NoiseParams:
+    """The configured noise, else what the fit measured, else none."""
+    measured = predictor.meta.get("step_noise") if isinstance(predictor, FittedPredictor) else None
+    measured = measured or {"sigma": 0.0, "lag1": 0.0}
+    sigma = measured["sigma"] if config.step_noise_sigma is None else config.step_noise_sigma
+    lag1 = measured["lag1"] if config.step_noise_lag1 is None else config.step_noise_lag1
+    return NoiseParams(sigma, lag1)
 
 
 def make_predictor(name: str, model: ModelProfile, hardware: HardwareProfile) -> StepTimePredictor:
@@ -139,8 +151,9 @@ def build_engine(system: SimSystem, loop: EventLoop) -> SimEngine:
         link, config.transfer_mode, lambda: loop.now,
         lambda transfer_id, end: loop.post(TransferDone(end, transfer_id)),
     )  # fmt: skip
+    noise = None if system.noise.is_exact else StepNoise(system.noise, config.noise_seed)
     return SimEngine(
-        scheduler, SimModelRunner(system.predictor), transfer, pipeline,
+        scheduler, SimModelRunner(system.predictor, noise), transfer, pipeline,
         config.check_invariants_every, config.timeline_interval_s,
     )  # fmt: skip
 

@@ -3,12 +3,12 @@
 `data/real_cpu_fcfs_rate0.5.json` holds the per-request arrivals, prompt lengths and token
 times of one `benchmarks/policies_overload.py` run (fcfs-recompute, 60 ShareGPT requests
 at 0.5 req/s, 64 device blocks, OMP_NUM_THREADS=1, step pipeline off as the engine runs on
-a CPU; from `docs/results/sim/real/`, recorded right after the committed calibration). The
-simulator replays the same workload with the calibrated cpu profile. The recorded run and
-the committed fit are fixed, so the check is deterministic. At this rate the simulator
-is within 15% (p50 TTFT +2%, p90 TTFT +1%, mean TPOT +3% when recorded); the bound is
-20% so a refit on a noisy day does not fail it. The other rates and policies, where the
-errors are larger, are reported in docs/results/sim/README.md.
+a CPU; `docs/results/sim/real/rate_0.5_run1.json`, recorded shortly before the committed
+calibration). The simulator replays the same workload with the calibrated cpu profile and
+its measured step-time noise (seed 0). The recorded run, the committed fit and the seed
+are fixed, so the check is deterministic. When recorded: p50 TTFT -6.5%, p90 TTFT -5.5%,
+mean TPOT +6.1%; the bound is 20% so a refit on a noisy day does not fail it. The other
+rates and policies are reported in docs/results/sim/README.md.
 """
 
 from __future__ import annotations

@@ -5,7 +5,14 @@ import random
 import numpy as np
 import pytest
 
-from superinfer.sim.fitted import FittedPredictor, StepSample, forward_features, nnls
+from superinfer.sim.fitted import (
+    FittedPredictor,
+    StepSample,
+    forward_features,
+    interpolation_weights,
+    nnls,
+    token_knots,
+)
 from superinfer.sim.hardware import get_hardware
 from superinfer.sim.models import get_model
 from superinfer.sim.predictor import BatchShape, ConstantPredictor
@@ -87,37 +94,79 @@ def test_nnls_matches_least_squares_when_unconstrained_and_clips_otherwise():
     assert (solution >= 0).all() and solution[1] == 0
 
 
-def _synthetic_samples(coef: list[float], num: int = 60) -> list[StepSample]:
+def test_token_knots_are_about_1_5x_apart_up_to_the_budget():
+    assert token_knots(512) == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256,
+                                384, 512]  # fmt: skip
+    assert token_knots(100) == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 100]
+    assert token_knots(1) == [1]
+
+
+def test_interpolation_weights_interpolate_and_extend_the_last_segment():
+    knots = [1, 2, 4, 8]
+    values = [10.0, 12.0, 20.0, 28.0]
+
+    def at(x: float) -> float:
+        return sum(w * v for w, v in zip(interpolation_weights(x, knots), values))
+
+    assert at(1) == 10.0 and at(4) == 20.0 and at(8) == 28.0
+    assert at(3) == pytest.approx(16.0) and at(6) == pytest.approx(24.0)
+    assert at(0.5) == 10.0  # held below the first knot
+    assert at(12) == pytest.approx(36.0)  # the last slope (2 per token) continues
+
+
+DENSE = {k: 0.03 + (0.0 if k < 8 else 5e-4 * (k - 8)) for k in token_knots(512)}  # flat, then up
+LINEAR = [1e-4, 1e-7, 2e-6, 1e-6, 3e-4]  # sampled, prefill pairs, decode ctx, prefill ctx, seqs
+
+
+def _synthetic_samples(num: int = 150) -> list[StepSample]:
+    """Steps whose true cost is `DENSE` (piecewise linear in tokens) plus `LINEAR`, with
+    token counts that reach every knot."""
     rng = random.Random(1)
+    knots = token_knots(512)
     samples = []
-    for _ in range(num):
-        num_decode = rng.randint(0, 32)
-        prefill = [rng.randint(2, 300)] if rng.random() < 0.6 else []
+    for i in range(num):
+        num_decode = knots[i % 12] if i % 3 else rng.randint(0, 40)
+        prefill = [rng.randint(2, 400)] if i % 3 == 0 or rng.random() < 0.3 else []
+        context = [rng.randint(0, 300)] if prefill and rng.random() < 0.5 else [0]
         batch = BatchShape.of_lists(
             prefill + [1] * num_decode,
-            [0] * len(prefill) + [rng.randint(10, 400) for _ in range(num_decode)],
+            context[: len(prefill)] + [rng.randint(10, 400) for _ in range(num_decode)],
         )
-        if batch.num_seqs == 0:
+        if batch.num_seqs == 0 or batch.num_tokens > 512:
             continue
-        forward = sum(c * f for c, f in zip(coef, forward_features(batch)))
+        features = forward_features(batch, knots)
+        forward = sum(c * f for c, f in zip([DENSE[k] for k in knots] + LINEAR, features))
         samples.append(StepSample(batch, forward, 1e-3 + 2e-5 * batch.num_seqs))
     return samples
 
 
-def test_fit_recovers_known_coefficients_and_round_trips(tmp_path):
-    coef = [0.02, 8e-4, 3e-4, 1e-7, 2e-6, 5e-4]
-    samples = _synthetic_samples(coef)
-    fit = FittedPredictor.fit(samples, {"machine": "test"})
+def test_fit_recovers_known_step_times_and_round_trips(tmp_path):
+    samples = _synthetic_samples()
+    fit = FittedPredictor.fit(samples, 512, {"machine": "test"})
     for sample in samples:
         assert fit.forward_time(sample.batch) == pytest.approx(sample.forward_s, rel=1e-3)
         assert fit.host_time(sample.batch) == pytest.approx(sample.host_s, rel=1e-3)
     assert fit.meta["forward_mean_rel_error"] < 1e-3
+    assert max(abs(e) for e in fit.relative_errors(samples)) < 1e-3
     path = tmp_path / "fit.json"
     fit.save(str(path))
     loaded = FittedPredictor.load(str(path))
+    assert loaded.knots == fit.knots
     assert loaded.forward_coef == pytest.approx(fit.forward_coef)
     assert len(FittedPredictor.samples_of(loaded.to_dict())) == len(samples)
     assert "samples" not in loaded.describe()["meta"]
+
+
+def test_fit_drops_knots_no_sample_reaches():
+    samples = [s for s in _synthetic_samples() if s.batch.num_tokens <= 48]
+    fit = FittedPredictor.fit(samples, 512)
+    assert fit.knots[-1] <= 64 and 512 not in fit.knots
+
+
+def test_a_fit_without_knots_asks_for_a_refit(tmp_path):
+    old = {"predictor": "fitted", "forward": {"const": 0.03}, "host": {"const": 0.0, "seqs": 0.0}}
+    with pytest.raises(ValueError, match="superinfer calibrate"):
+        FittedPredictor.from_dict(old)
 
 
 def test_the_committed_cpu_fit_is_sane():
