@@ -110,8 +110,12 @@ def compare_one(
     workload = workload_from_records(result["records"])
     system = result["system"]
     fit = build_system(sim_config_for(args, system, predictor)).predictor
-    noise = fit.meta.get("step_noise", {})
-    noise = {"step_noise_sigma": noise.get("sigma", 0.0), "step_noise_lag1": noise.get("lag1", 0.0)}
+    # passed explicitly: a scaled predictor carries no fit metadata to read it from
+    measured = fit.meta.get("step_noise", {})
+    noise = {
+        "step_noise_sigma": measured.get("sigma", 0.0),
+        "step_noise_lag1": measured.get("lag1", 0.0),
+    }
     error = served_step_error(result, fit)
     used = (
         ScaledPredictor(fit, 1 / (1 + error)) if is_speed_normalized and error is not None else fit

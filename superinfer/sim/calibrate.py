@@ -203,9 +203,10 @@ def run_served_mix(
 ) -> None:
     """Requests of random lengths (prompts 8-600 tokens, log-uniform; 8-128 output tokens)
     arriving by a Poisson process in real time, as a server sees them: prompts join
-    running decodes at any token count, and a step after an idle gap starts cold (5-20%
-    slower here than back to back). The grid alone missed both: fitted to it, the
-    predictor was 5-10% fast on the steps a served run made."""
+    running decodes at any token count, and a step after an idle gap starts cold (a lone
+    prompt after 1 s idle: 0-23% slower here than back to back, typically 5%). The grid
+    alone missed both: fitted to it, the predictor was 8-18% fast on the prefill steps a
+    served run made."""
     gaps = [rng.expovariate(rate) for _ in range(num_requests)]
     start, due = time.perf_counter(), 0.0
     pending = []
@@ -230,7 +231,7 @@ def collect_samples(
 ) -> tuple[list[StepSample], list[StepSample]]:
     """The grid's samples and the served mix's (in step order). Every pass ends with a
     share of the served mix, so its samples, like the grid's, span the calibration rather
-    than one window of it (this machine's speed drifts by about 5% over minutes)."""
+    than one window of it (this machine's speed drifted by about 9% within 25 minutes)."""
     rng = random.Random(options.seed)
     timer = StepTimer(engine)
     run_batch(timer, rng, 64, 4, 4)  # warm-up
