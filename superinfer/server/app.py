@@ -48,7 +48,7 @@ def build_app(state: ServerState, generate: GenerateHandler | None = None) -> In
         await state.close()
 
     app = FastAPI(title="superinfer", lifespan=lifespan, docs_url=None, redoc_url=None)
-    _add_error_handlers(app)
+    _add_error_handlers(app, state)
     _add_info_routes(app, state)
 
     @app.post("/v1/completions")
@@ -86,32 +86,42 @@ def _add_info_routes(app: FastAPI, state: ServerState) -> None:
         try:
             state.check_auth(request.headers)
         except APIError as error:
+            state.log_refusal(error, request.headers.get("x-request-id"))
             return error.response()
-        card = {
-            "id": state.model_name, "object": "model", "created": 0, "owned_by": "superinfer",
-            "root": state.model_name, "max_model_len": state.engine_config.scheduler.max_model_len,
-        }  # fmt: skip
-        return JSONResponse({"object": "list", "data": [card]})
+        max_model_len = state.engine_config.scheduler.max_model_len
+        cards = [
+            {"id": name, "object": "model", "created": 0, "owned_by": "superinfer",
+             "root": state.model_name, "max_model_len": max_model_len}
+            for name in state.model_names
+        ]  # fmt: skip
+        return JSONResponse({"object": "list", "data": cards})
 
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(await state.metrics_text(), media_type=CONTENT_TYPE_LATEST)
 
 
-def _add_error_handlers(app: FastAPI) -> None:
+def _add_error_handlers(app: FastAPI, state: ServerState) -> None:
+    """OpenAI-style bodies for the errors raised outside the routes, each logged once."""
+
     @app.exception_handler(RequestValidationError)
     async def on_validation(request: Request, error: RequestValidationError) -> JSONResponse:
-        return error_for_validation(error).response()
+        api_error = error_for_validation(error)
+        state.log_refusal(api_error, request.headers.get("x-request-id"))
+        return api_error.response()
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http(request: Request, error: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code, "http_error")
+        message = f"{error.detail} ({request.method} {request.url.path})"
+        state.log_refusal(APIError(error.status_code, message, code), None)
         body = error_body(error.status_code, str(error.detail), code)
         return JSONResponse(body, status_code=error.status_code, headers=error.headers)
 
     @app.exception_handler(Exception)
     async def on_error(request: Request, error: Exception) -> JSONResponse:
-        logger.exception("unexpected error in %s", request.url.path)
+        state.error_log.log(logging.ERROR, "internal_error", "500 internal_error in %s %s",
+                            request.method, request.url.path, exc_info=error)  # fmt: skip
         return JSONResponse(
             error_body(500, "internal server error", "internal_error"), status_code=500
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from superinfer.config import opt
+from superinfer.logs import LEVELS
 
 
 @dataclass
@@ -16,8 +17,21 @@ class ServerConfig:
         "Require 'Authorization: Bearer KEY' on the /v1 routes (the SUPERINFER_API_KEY "
         "environment variable sets it too).",
     )
-    served_model_name: str | None = opt(
-        None, "Model name in the API (default: the model file or directory name)."
+    served_model_name: list[str] | None = opt(
+        None,
+        "Model names in the API, as vLLM's flag: requests may name any of them, responses "
+        "carry the first (default: the model file or directory name).",
+    )
+    chat_template: str | None = opt(
+        None,
+        "Chat template for /v1/chat/completions, a Jinja file or the template itself "
+        "(default: the tokenizer's own).",
+    )
+    generation_config: str = opt(
+        "auto",
+        "Default sampling parameters (temperature, top_p, top_k, max_new_tokens) for the fields "
+        "a request does not set, as vLLM's flag: auto reads the model directory's "
+        "generation_config.json, vllm uses none, or a directory holding that file.",
     )
     max_num_queued_reqs: int = opt(
         1024, "Most requests waiting for admission at once; more get 429 with Retry-After."
@@ -45,10 +59,23 @@ class ServerConfig:
     enable_debug_routes: bool = opt(
         False, "Serve GET /debug/engine (KV ownership, invariants): for tests, never in production."
     )
-    uvicorn_log_level: str = opt(
-        "warning",
-        "Log level of the HTTP server.",
-        choices=["critical", "error", "warning", "info", "debug"],
+    log_level: str = opt(
+        "info",
+        "Log level: info tells what was loaded, warm-up, the ready line and the stats line.",
+        choices=list(LEVELS),
+    )
+    disable_log_stats: bool = opt(
+        False, "Do not log the periodic stats line (throughput, requests, KV usage, SLOs)."
+    )
+    log_stats_interval: float = opt(60.0, "Seconds between two stats lines.")
+    enable_log_requests: bool = opt(
+        False,
+        "Log each admitted request (id, prompt length, sampling params, SLO targets) at info.",
+    )
+    uvicorn_log_level: str | None = opt(
+        None,
+        "Log level of the HTTP server (default: --log-level; its access log stays off).",
+        choices=list(LEVELS),
     )
 
     def __post_init__(self) -> None:
@@ -58,3 +85,5 @@ class ServerConfig:
             raise ValueError("max_num_queued_reqs and max_num_queued_tokens must be >= 1")
         if self.shutdown_timeout < 0:
             raise ValueError("shutdown_timeout must be >= 0")
+        if not self.log_stats_interval > 0:
+            raise ValueError(f"log_stats_interval must be > 0, got {self.log_stats_interval}")

@@ -1,11 +1,12 @@
 """OpenAI-style errors: `{"error": {"message", "type", "param", "code"}}` with a status.
 
 Every rejection at ingress is an `APIError`; its `code` is the bounded reason the metrics
-count and the SLO log records.
+count, the SLO log records and the server log rate-limits by.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fastapi.responses import JSONResponse
@@ -54,3 +55,13 @@ def error_body(status: int, message: str, code: str, param: str | None = None) -
 
 def bad_request(message: str, code: str = "invalid_value", param: str | None = None) -> APIError:
     return APIError(400, message, code, param)
+
+
+def log_level_of(status: int) -> int:
+    """Where a refusal is logged: server failures at error, capacity refusals (425, 429,
+    503) at warning, the client's own mistakes (400, 401, 404, 413) at info."""
+    if status >= 500 and status != 503:
+        return logging.ERROR
+    if status in (425, 429, 503):
+        return logging.WARNING
+    return logging.INFO

@@ -60,7 +60,7 @@ class DrainingServer(uvicorn.Server):
 
 def model_name_of(engine_config: EngineConfig, server_config: ServerConfig) -> str:
     if server_config.served_model_name:
-        return server_config.served_model_name
+        return server_config.served_model_name[0]
     path = engine_config.model.model
     if path is None:
         return "SmolLM2-135M-Instruct"
@@ -74,10 +74,11 @@ def run_server(
     """Serve until a signal; returns the process exit code."""
     state = ServerState(server_config, engine_config, slo_config,
                         model_name_of(engine_config, server_config))  # fmt: skip
+    # log_config=None: uvicorn's lines go through the root logger (superinfer.logs's format)
     config = uvicorn.Config(
         build_app(state), host=server_config.host, port=server_config.port,
-        log_level=server_config.uvicorn_log_level, access_log=False, lifespan="on",
-        timeout_graceful_shutdown=5, timeout_keep_alive=30,
+        log_level=server_config.uvicorn_log_level or server_config.log_level, log_config=None,
+        access_log=False, lifespan="on", timeout_graceful_shutdown=5, timeout_keep_alive=30,
     )  # fmt: skip
     server = DrainingServer(config, state)
     asyncio.run(server.serve())

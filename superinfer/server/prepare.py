@@ -17,6 +17,7 @@ from superinfer.sampling_params import SamplingParams
 from superinfer.server.errors import APIError, bad_request
 from superinfer.server.ingress import Arrival
 from superinfer.server.protocol import ChatCompletionRequest, CompletionRequest
+from superinfer.server.serving_defaults import ServingDefaults
 from superinfer.server.slo_binding import BoundSLO, bind_slo
 from superinfer.slo_config import SLOConfig
 
@@ -54,12 +55,16 @@ class RequestPreparer:
     """Validates bodies against the model and the SLO configuration."""
 
     def __init__(
-        self, tokenizer: Any, vocab_size: int, max_model_len: int, slo_config: SLOConfig
-    ) -> None:
+        self, tokenizer: Any, vocab_size: int, max_model_len: int, slo_config: SLOConfig,
+        defaults: ServingDefaults | None = None,
+    ) -> None:  # fmt: skip
         self.tokenizer = copy.deepcopy(tokenizer)  # the engine thread decodes with its own
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.slo_config = slo_config
+        self.defaults = defaults or ServingDefaults()
+        if self.defaults.chat_template is not None:
+            self.tokenizer.chat_template = self.defaults.chat_template
 
     def prepare(
         self,
@@ -68,6 +73,7 @@ class RequestPreparer:
         arrival: Arrival,
     ) -> PreparedRequest:
         _check_supported(body)
+        body = self._with_defaults(body)
         if isinstance(body, ChatCompletionRequest):
             prompt, token_ids = self._chat_prompt(body)
             max_tokens = body.max_completion_tokens or body.max_tokens
@@ -188,6 +194,18 @@ class RequestPreparer:
             )  # fmt: skip
         except ValueError as error:
             raise bad_request(str(error), "invalid_value") from None
+
+    def _with_defaults(self, body: BaseModel) -> Any:
+        """The body with the model's default sampling parameters where it sets none."""
+        unset = {
+            name: value for name, value in self.defaults.sampling.items()
+            if name in type(body).model_fields and name not in body.model_fields_set
+        }  # fmt: skip
+        if not unset:
+            return body
+        if "max_tokens" in unset and "max_completion_tokens" in body.model_fields_set:
+            del unset["max_tokens"]
+        return body.model_copy(update=unset)
 
     def _priority(self, body: Any, slo: BoundSLO) -> int:
         if body.priority is not None:

@@ -7,6 +7,7 @@ warm-up or the engine thread failed. Only `ready` admits requests.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import time
@@ -32,11 +33,14 @@ from superinfer.metrics import (
 from superinfer.outputs import RequestOutput
 from superinfer.server.admission import Admission, Load
 from superinfer.server.config import ServerConfig
-from superinfer.server.errors import APIError
+from superinfer.server.errors import APIError, log_level_of
 from superinfer.server.ingress import Arrival
+from superinfer.server.log_limit import RateLimitedLog
 from superinfer.server.prepare import PreparedRequest, RequestPreparer
 from superinfer.server.prometheus import ServerMetrics
+from superinfer.server.serving_defaults import serving_defaults_of
 from superinfer.server.slo_log import SLOLog, log_line
+from superinfer.server.stats_log import StatsLogger
 from superinfer.server.warmup import warm_up
 from superinfer.slo import SLOTargets
 from superinfer.slo_config import SLOConfig
@@ -98,16 +102,24 @@ class ServerState:
         self.admission = Admission(
             server_config.max_num_queued_reqs, server_config.max_num_queued_tokens
         )
-        self.metrics = ServerMetrics(model_name, self._snapshot, slo_config.class_names)
+        self.metrics = ServerMetrics(
+            model_name, self._snapshot, slo_config.class_names, engine_config
+        )
         self.slo_log = SLOLog(server_config.slo_log)
         self.inflight: dict[str, Inflight] = {}
         self.warmup_step_time_s = 0.0
         self.on_fatal: Callable[[], None] = lambda: None
         self.exit_code = 0
+        self.error_log = RateLimitedLog(logger)  # refusals and failures, a few per reason
+        self._ended_reports: list[SLOReport] = []  # since the last stats line
+        self._log_task: asyncio.Task[None] | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
     async def boot(self) -> None:
         """Load the engine off the loop, warm it up, then admit requests."""
+        start = time.monotonic()
+        model = self.engine_config.model.model or "SmolLM2-135M-Instruct, the default"
+        logger.info("Loading the model (%s) and warming up; /health answers 503 meanwhile", model)
         try:
             # built on the engine thread, where all its torch work runs (see AsyncEngine)
             async_engine = AsyncEngine(
@@ -129,10 +141,40 @@ class ServerState:
         self.preparer = RequestPreparer(
             engine.tokenizer, engine.model_config.vocab_size,
             self.engine_config.scheduler.max_model_len, self.slo_config,
+            serving_defaults_of(self.config, self.engine_config),
         )  # fmt: skip
         if self.phase == WARMING_UP:  # not if a signal began the drain meanwhile
             self.phase = READY
-        logger.info("ready: serving %s", self.model_name)
+            logger.info("%s", self._ready_line(time.monotonic() - start))
+            self._log_task = asyncio.create_task(self._log_periodically())
+
+    def _ready_line(self, seconds: float) -> str:
+        snapshot = self._snapshot() or EngineSnapshot()
+        num_device, num_host = snapshot.num_device_blocks, snapshot.num_host_blocks
+        block_size = self.engine_config.cache.block_size
+        host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
+        return (
+            f"Ready in {seconds:.1f} s: serving {self.model_name} on http://{host}:"
+            f"{self.config.port} (KV capacity: device {num_device} blocks = "
+            f"{num_device * block_size} tokens, host {num_host} blocks = {num_host * block_size} "
+            f"tokens; policy {self.engine_config.scheduler.policy})"
+        )
+
+    async def _log_periodically(self) -> None:
+        """The stats line (unless --disable-log-stats) and the refusal summaries, each
+        --log-stats-interval."""
+        stats = None
+        if not self.config.disable_log_stats:
+            stats = StatsLogger(self._snapshot, self._take_ended_reports)
+        while True:
+            await asyncio.sleep(self.config.log_stats_interval)
+            if stats is not None:
+                stats.log_once()
+            self.error_log.flush()
+
+    def _take_ended_reports(self) -> list[SLOReport]:
+        reports, self._ended_reports = self._ended_reports, []
+        return reports
 
     async def drain(self, timeout_s: float) -> None:
         """Stop admitting; let in-flight requests finish for `timeout_s`, abort the rest."""
@@ -148,6 +190,9 @@ class ServerState:
             await self.engine.wait_idle(10.0)
 
     async def close(self) -> None:
+        if self._log_task is not None:
+            self._log_task.cancel()
+        self.error_log.flush(is_final=True)
         if self.engine is not None and self.engine.is_alive:
             await self.engine.shutdown()
         self.phase = STOPPED if self.phase != DEAD else DEAD
@@ -187,10 +232,16 @@ class ServerState:
             raise APIError(503, f"the server is {phase.replace('_', ' ')}", code,
                            headers={"Retry-After": "1"})  # fmt: skip
 
+    @property
+    def model_names(self) -> list[str]:
+        """The names requests may use (--served-model-name), the one responses carry first."""
+        return self.config.served_model_name or [self.model_name]
+
     def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name:
+        if model is not None and model not in self.model_names:
             raise APIError(404, f"the model {model[:128]!r} does not exist; this server serves "
-                           f"{self.model_name!r}", "model_not_found", "model")  # fmt: skip
+                           f"{', '.join(map(repr, self.model_names))}", "model_not_found",
+                           "model")  # fmt: skip
 
     def load(self, deadline: float | None = None) -> Load:
         """The engine's load for admission; with `deadline` (engine clock), the queue counts
@@ -237,6 +288,10 @@ class ServerState:
             prepared.request_id, prepared.prompt_token_ids, prepared.params,
             arrival.monotonic, prepared.priority, slo.targets, prepared.prompt,
         )  # fmt: skip
+        if self.config.enable_log_requests:
+            logger.info("Received request %s: prompt: %d tokens, params: %s, slo: %s, priority: %d",
+                        prepared.request_id, len(prepared.prompt_token_ids), prepared.params,
+                        slo.targets, prepared.priority)  # fmt: skip
         return stream, inflight
 
     def abort(self, inflight: Inflight, reason: str) -> None:
@@ -260,11 +315,14 @@ class ServerState:
         reason = inflight.abort_reason if record.outcome == ABORTED else None
         if error is not None:
             reason = "engine_error"
+            self.error_log.log(logging.ERROR, reason, "Request %s failed: 500 engine_error: %r",
+                               request_id, error)  # fmt: skip
         line = log_line(record, report, inflight.arrival.wall, 200 if error is None else 500,
                         reason, prepared.priority)  # fmt: skip
         self.slo_log.write(line)
         finish_reason = record.finish_reason or "abort"
         gaps = tbt_gaps(record.token_times)
+        self._keep_for_stats(report)
         self.metrics.on_ended(report, record.num_prompt_tokens, record.num_tokens_out,
                               finish_reason, gaps)  # fmt: skip
 
@@ -272,8 +330,10 @@ class ServerState:
     def reject(self, error: APIError, rejection: Rejection) -> None:
         """Count and log a request that never entered the queue."""
         now = time.monotonic()
+        request_id = rejection.request_id or f"rejected-{uuid.uuid4().hex}"
+        self.log_refusal(error, request_id)
         record = RequestRecord(
-            request_id=rejection.request_id or f"rejected-{uuid.uuid4().hex}",
+            request_id=request_id,
             targets=rejection.targets,
             arrival_time=rejection.arrival.monotonic,
             finished_time=now,
@@ -286,6 +346,16 @@ class ServerState:
         self.slo_log.write(log_line(record, report, rejection.arrival.wall, error.status,
                                     error.code, rejection.priority))  # fmt: skip
         self.metrics.on_rejected(rejection.targets.slo_class, error.code, report.is_slo_request)
+        self._keep_for_stats(report)
+
+    def log_refusal(self, error: APIError, request_id: str | None) -> None:
+        """Log a refusal once, rate-limited per error code."""
+        self.error_log.log(log_level_of(error.status), error.code, "Rejected request %s: %d %s: %s",
+                           request_id or "-", error.status, error.code, error.message)  # fmt: skip
+
+    def _keep_for_stats(self, report: SLOReport) -> None:
+        if not self.config.disable_log_stats and self._log_task is not None:
+            self._ended_reports.append(report)
 
 
 def _record_of(

@@ -40,14 +40,18 @@ def warm_up(engine: LLMEngine) -> WarmupReport:
     """Prefill + decode, then the same request with a rotation; raises WarmupError."""
     start = time.perf_counter()
     prompt = _prompt_ids(engine, 2 * engine.config.cache.block_size + 5)
+    logger.info("Warm-up 1/3: a %d-token request through prefill and %d decode steps",
+                len(prompt), _NUM_TOKENS)  # fmt: skip
     plain, step_time_s = _generate(engine, "superinfer-warmup-plain", prompt)
+    logger.info("Warm-up 2/3: the same request rotated to the host tier and back")
     rotated, _ = _generate(engine, "superinfer-warmup-rotated", prompt, rotate_after=_ROTATE_AFTER)
     if rotated != plain:
         raise WarmupError(f"tokens changed across a KV rotation: {plain} vs {rotated}")
+    logger.info("Warm-up 3/3: timing a whole-prompt prefill")
     prefill_s_per_token = _time_prefill(engine)  # after the first forwards warmed the kernels
     _check_clean(engine)
     seconds = time.perf_counter() - start
-    logger.info("warm-up done in %.1f s: prefill %.2f ms/token, step %.1f ms",
+    logger.info("Warm-up done in %.1f s: prefill %.2f ms/token, decode step %.1f ms",
                 seconds, prefill_s_per_token * 1e3, step_time_s * 1e3)  # fmt: skip
     return WarmupReport(prefill_s_per_token, step_time_s, seconds)
 

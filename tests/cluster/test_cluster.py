@@ -82,8 +82,8 @@ def test_metrics_carry_every_replica(cluster):
     assert len(replicas) == 2, running
     samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
     (rejected,) = [s for s in samples if s.name == "superinfer:rejections_total"
-                   and s.labels == {"slo_class": "none", "reason": "slo_infeasible",
-                                    "replica": "ingress"}]  # fmt: skip
+                   and s.labels == {"model_name": "SmolLM2-135M-Instruct", "slo_class": "none",
+                                    "reason": "slo_infeasible", "replica": "ingress"}]  # fmt: skip
     assert rejected.value == 1
 
 

@@ -49,6 +49,7 @@ class KVStats:
     num_swap_out_blocks: int = 0
     num_swap_in_blocks: int = 0
     num_writeback_blocks: int = 0
+    num_prefix_query_tokens: int = 0  # all tokens of each request looked up (vLLM's queries)
     num_prefix_hit_tokens: int = 0
 
 
@@ -117,6 +118,7 @@ class TwoTierKVManager:
         table = self._table(request)
         if not self.is_prefix_caching or table.device or table.host:
             return 0
+        self.stats.num_prefix_query_tokens += request.num_tokens
         self._extend_hashes(request, table)
         num_matchable = (request.num_tokens - 1) // self.block_size
         for block_hash in table.block_hashes[:num_matchable]:

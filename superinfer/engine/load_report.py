@@ -1,0 +1,101 @@
+"""What the engine loaded, logged once at info when it is built (vLLM-style startup lines):
+the model and its architecture, dtype and quantization, the attention backend and why,
+the two KV pools in blocks and tokens, and the scheduler.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING
+
+import torch
+
+from superinfer.engine.kv_cache import bytes_per_block
+from superinfer.model.checkpoint_info import checkpoint_info
+from superinfer.model.cpu_attention import decode_kernel
+from superinfer.model.loader import default_model_path
+
+if TYPE_CHECKING:
+    from superinfer.engine.llm_engine import LLMEngine
+
+logger = logging.getLogger(__name__)
+
+
+def log_loaded(engine: LLMEngine) -> None:
+    """Log the startup summary of a freshly built engine (nothing is computed when info
+    lines are not logged)."""
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    for line in (_model_line(engine), _attention_line(engine), _kv_line(engine),
+                 _scheduler_line(engine)):  # fmt: skip
+        logger.info("%s", line)
+
+
+def _model_line(engine: LLMEngine) -> str:
+    config, mc = engine.config.model, engine.model_config
+    path = os.path.expanduser(config.model) if config.model else default_model_path()
+    info = checkpoint_info(path)
+    quantization = "none" if info.quantization == "none" else (
+        f"{info.quantization} ({info.format}, dequantized to {_name(engine.dtype)} at load)"
+    )  # fmt: skip
+    return (
+        f"Model: {path}: architecture {info.architecture}, {mc.num_layers} layers, "
+        f"{mc.num_heads} heads ({mc.num_kv_heads} KV) of {mc.head_dim}, vocab {mc.vocab_size}; "
+        f"dtype {_name(engine.dtype)} (--dtype {config.dtype}), quantization {quantization}, "
+        f"device {engine.device}"
+    )
+
+
+def _attention_line(engine: LLMEngine) -> str:
+    return f"Attention backend: {_attention_backend(engine)}; prefill: torch SDPA"
+
+
+def _attention_backend(engine: LLMEngine) -> str:
+    """Decode attention as `model.attention` will run it, and why."""
+    gathered = "torch SDPA over K/V gathered from the paged cache"
+    if engine.device.type != "cpu":
+        return f"decode: {gathered} (the in-place paged kernel is CPU-only)"
+    kernel = decode_kernel()
+    if kernel is None:
+        is_off = os.environ.get("SUPERINFER_CPU_KERNELS") == "0"
+        why = "is off: SUPERINFER_CPU_KERNELS=0" if is_off else "could not be built, see above"
+        return f"decode: {gathered} (the CPU paged-decode kernel {why})"
+    if not kernel.supports(engine.kv_tiers.device, engine.model_config.num_heads):
+        return f"decode: {gathered} (the CPU paged-decode kernel does not fit this dtype/heads)"
+    return "decode: CPU paged-decode kernel (csrc/paged_decode.c, reads K/V in place)"
+
+
+def _kv_line(engine: LLMEngine) -> str:
+    cache, mc = engine.config.cache, engine.model_config
+    block_bytes = bytes_per_block(
+        mc.num_layers, cache.block_size, mc.num_kv_heads, mc.head_dim, engine.dtype
+    )
+    num_device, num_host = engine.kv_tiers.device.shape[0], engine.kv_tiers.host.shape[0]
+    max_model_len = engine.config.scheduler.max_model_len
+    concurrency = num_device * cache.block_size / max_model_len
+    return (
+        f"KV cache: device pool {_pool(num_device, cache.block_size, block_bytes)}, host pool "
+        f"{_pool(num_host, cache.block_size, block_bytes)}; {cache.block_size} tokens per "
+        f"block; maximum concurrency for {max_model_len} tokens per request: {concurrency:.2f}x"
+    )
+
+
+def _pool(num_blocks: int, block_size: int, block_bytes: int) -> str:
+    gib = num_blocks * block_bytes / 2**30
+    return f"{num_blocks} blocks = {num_blocks * block_size} tokens ({gib:.2f} GiB)"
+
+
+def _scheduler_line(engine: LLMEngine) -> str:
+    config = engine.config
+    sched, cache = config.scheduler, config.cache
+    return (
+        f"Scheduler: policy {engine.scheduler.policy.name}, {sched.max_num_batched_tokens} "
+        f"tokens per step, at most {sched.max_num_seqs} running; prefix caching "
+        f"{'on' if cache.enable_prefix_caching else 'off'}; KV transfers {cache.transfer_mode}; "
+        f"step pipeline {'on' if engine.is_pipelined else 'off'}"
+    )
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
