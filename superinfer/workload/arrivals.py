@@ -1,12 +1,11 @@
-"""Request arrival times for the benchmark client: generated (Poisson or gamma) or replayed
-from a trace.
+"""Request arrival times: generated (Poisson or gamma) or replayed from a trace.
 
 Generated arrivals follow `vllm bench serve`: inter-arrival gaps are gamma distributed with
 shape `burstiness` and mean 1 / rate, so burstiness 1 is a Poisson process, smaller values
 are burstier and larger ones more regular. With burstiness 1 the gaps are drawn with
 `random.expovariate`, as `benchmarks/policies_overload.py` draws them, and the simulator
-(`superinfer.sim.workload.poisson_arrivals`) uses this generator, so the same seed gives
-the same arrival sequence in the simulator, the overload benchmark and a benchmark run.
+(`poisson_arrivals`) uses this generator, so the same seed gives the same arrival sequence
+in the simulator, the overload benchmark and a benchmark run.
 
 Times are seconds from the start of the run (the first request may arrive after 0).
 """
@@ -47,6 +46,14 @@ def generated_arrivals(
         t += gap()
         times.append(t)
     return times
+
+
+def poisson_arrivals(num_requests: int, rate: float, seed: int) -> list[float]:
+    """Arrival times (s) of a Poisson process: the benchmark client's generator, so the same
+    seed sends the same sequence in a simulation and in a real benchmark run."""
+    if rate <= 0:
+        raise ValueError(f"request rate must be > 0, got {rate}")
+    return generated_arrivals(num_requests, rate, burstiness=1.0, seed=seed)
 
 
 def arrivals_within(

@@ -9,10 +9,11 @@ import math
 
 import pytest
 
-from superinfer.bench import datasets
-from superinfer.bench.datasets import TraceRow
-from superinfer.bench.workload import WorkloadConfig, build_workload, load_tokenizer
-from superinfer.sim.workload import LengthLimits
+from superinfer.bench.workload import build_workload
+from superinfer.workload import datasets
+from superinfer.workload.config import WorkloadConfig
+from superinfer.workload.datasets import LengthLimits, TraceRow
+from superinfer.workload.tokenizer import load_tokenizer
 
 LIMITS = LengthLimits(max_prompt_tokens=1024, max_total_tokens=2048, min_tokens=4)
 

@@ -7,8 +7,12 @@ import statistics
 
 import pytest
 
-from superinfer.bench.arrivals import arrivals_within, generated_arrivals, replayed_arrivals
-from superinfer.sim.workload import poisson_arrivals
+from superinfer.workload.arrivals import (
+    arrivals_within,
+    generated_arrivals,
+    poisson_arrivals,
+    replayed_arrivals,
+)
 
 
 def gaps(times):
