@@ -23,16 +23,16 @@ from dataclasses import dataclass
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from superinfer import LLM, SamplingParams  # noqa: E402
-from superinfer.metrics import (  # noqa: E402
+from superinfer.sim.calibrate import StepTimer  # noqa: E402
+from superinfer.sim.fitted import SAMPLE_COLUMNS, StepSample, sample_row  # noqa: E402
+from superinfer.slo import SLOTargets  # noqa: E402
+from superinfer.slo.metrics import (  # noqa: E402
     RequestRecord,
     attainment,
     percentile,
     run_duration_s,
     slo_report,
 )
-from superinfer.sim.calibrate import StepTimer  # noqa: E402
-from superinfer.sim.fitted import SAMPLE_COLUMNS, StepSample, sample_row  # noqa: E402
-from superinfer.slo import SLOTargets  # noqa: E402
 from superinfer.workload.datasets import sample_sharegpt  # noqa: E402
 
 SYSTEMS = ["fcfs-recompute", "fcfs-swap", "priority", "edf", "ddps", "rotasched",

@@ -134,7 +134,7 @@ def deploy(replicas: int) -> None:
     from superinfer.cluster.app import ClusterConfig, build_application
     from superinfer.config import EngineConfig
     from superinfer.server.config import ServerConfig
-    from superinfer.slo_config import load_slo_config
+    from superinfer.slo.classes import load_slo_config
 
     app = build_application(ServerConfig(), EngineConfig.from_flat(device="cpu"),
                             load_slo_config(None), ClusterConfig(replicas=replicas))  # fmt: skip

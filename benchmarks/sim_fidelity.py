@@ -37,7 +37,6 @@ except ImportError:  # run from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from superinfer.config import CacheConfig
-from superinfer.metrics import RequestRecord
 from superinfer.sim.config import SimConfig
 from superinfer.sim.fitted import FittedPredictor, StepSample
 from superinfer.sim.predictor import BatchShape, StepTimePredictor
@@ -45,6 +44,7 @@ from superinfer.sim.results import records_of, summarize
 from superinfer.sim.simulation import build_system, simulate
 from superinfer.sim.workload import workload_from_records
 from superinfer.slo import SLOTargets
+from superinfer.slo.metrics import RequestRecord
 
 METRICS = ("p50_ttft_ms", "p90_ttft_ms", "mean_tpot_ms")
 RECORD_DIR = "docs/results/sim/real"

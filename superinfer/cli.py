@@ -151,7 +151,7 @@ def serve_configs_from_args(args: argparse.Namespace) -> tuple[Any, EngineConfig
     from superinfer.core.policies import available_policies
     from superinfer.server.config import ServerConfig
     from superinfer.server.serving_defaults import serving_defaults_of
-    from superinfer.slo_config import load_slo_config
+    from superinfer.slo.classes import load_slo_config
 
     apply_vllm_flags(args, _serve_defaults())
     if args.policy not in available_policies():

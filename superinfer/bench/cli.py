@@ -14,7 +14,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from superinfer.bench.slo_targets import SLO_TRANSPORTS
+from superinfer.bench.request_slo import SLO_TRANSPORTS
 from superinfer.workload.config import WorkloadConfig
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ def add_bench_parser(sub: Any) -> None:
         "endpoint (superinfer, vLLM, ...) as streaming requests with ignore_eos and max_tokens "
         "= the dataset's output length; time every streamed chunk on the client's clock; report "
         "TTFT/TPOT/ITL/E2E percentiles, SLO attainment per kind and class, goodput and "
-        "throughput (computed with superinfer/metrics.py). See docs/bench.md.",
+        "throughput (computed with superinfer/slo/metrics.py). See docs/bench.md.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_endpoint_flags(serve)

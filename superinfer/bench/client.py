@@ -21,9 +21,9 @@ from typing import Any
 
 import httpx
 
-from superinfer.bench.slo_targets import slo_body, slo_headers
-from superinfer.metrics import ABORTED, CAPACITY_REJECTIONS, FINISHED, REJECTED, RequestRecord
 from superinfer.slo import SLOTargets
+from superinfer.slo.metrics import ABORTED, CAPACITY_REJECTIONS, FINISHED, REJECTED, RequestRecord
+from superinfer.slo.wire import slo_body, slo_headers
 
 CAPACITY_STATUS = {425: "slo_infeasible", 429: "queue_full", 503: "not_ready"}
 

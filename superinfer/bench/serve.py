@@ -25,7 +25,8 @@ import httpx
 from superinfer.bench.client import RequestOptions, RequestResult, RequestSpec, send, to_record
 from superinfer.bench.scrape import MetricsPoller
 from superinfer.bench.workload import Workload
-from superinfer.metrics import (
+from superinfer.slo.classes import load_slo_config
+from superinfer.slo.metrics import (
     FINISHED,
     RequestRecord,
     SLOReport,
@@ -37,7 +38,6 @@ from superinfer.metrics import (
     targets_dict,
     tbt_gaps,
 )
-from superinfer.slo_config import load_slo_config
 
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
 

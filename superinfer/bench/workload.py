@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from superinfer.bench.client import RequestSpec
-from superinfer.bench.slo_targets import parse_class_mix, request_targets
-from superinfer.slo_config import load_slo_config
+from superinfer.bench.request_slo import parse_class_mix, request_targets
+from superinfer.slo.classes import load_slo_config
 from superinfer.workload import datasets
 from superinfer.workload.arrivals import arrivals_within, generated_arrivals, replayed_arrivals
 from superinfer.workload.config import WorkloadConfig

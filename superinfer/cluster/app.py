@@ -14,7 +14,7 @@ from typing import Any
 
 from superinfer.config import EngineConfig, opt
 from superinfer.server.config import ServerConfig
-from superinfer.slo_config import SLOConfig
+from superinfer.slo.classes import SLOConfig
 
 APP_NAME = "superinfer"
 

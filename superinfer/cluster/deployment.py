@@ -19,14 +19,14 @@ from ray import serve
 
 from superinfer.cluster.calls import ReplicaCall, Verdict
 from superinfer.cluster.router import Refusal, ReplicaLoad
-from superinfer.cluster.slo_log import TaggedSLOLog
 from superinfer.config import EngineConfig
+from superinfer.server.arrival import Arrival
 from superinfer.server.config import ServerConfig
 from superinfer.server.errors import APIError
 from superinfer.server.generation import collect_body, stream_response
-from superinfer.server.ingress import Arrival
 from superinfer.server.state import DRAINING, READY, ServerState
-from superinfer.slo_config import SLOConfig
+from superinfer.slo.classes import SLOConfig
+from superinfer.slo.record_log import TaggedSLOLog
 
 
 class EngineReplica:

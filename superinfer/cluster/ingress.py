@@ -29,25 +29,24 @@ from ray.exceptions import RayError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from superinfer.cluster.calls import ReplicaCall, Verdict
-from superinfer.cluster.metrics import merge_expositions
+from superinfer.cluster.exposition import merge_expositions
 from superinfer.cluster.registry import live_replicas
 from superinfer.cluster.router import Demand, merge_rejections
-from superinfer.cluster.slo_log import TaggedSLOLog
 from superinfer.config import EngineConfig
-from superinfer.metrics import ABORTED, RequestRecord, slo_report
 from superinfer.server.app import build_app, prepare_request
+from superinfer.server.arrival import Arrival, IngressStamp, arrival_of
 from superinfer.server.config import ServerConfig
 from superinfer.server.errors import APIError, error_body
 from superinfer.server.generation import SSEResponse
-from superinfer.server.ingress import Arrival, IngressStamp, arrival_of
 from superinfer.server.prepare import PreparedRequest, RequestPreparer
 from superinfer.server.prometheus import ServerMetrics
 from superinfer.server.protocol import ChatCompletionRequest
 from superinfer.server.responses import DONE, sse
 from superinfer.server.serving_defaults import serving_defaults_of
-from superinfer.server.slo_log import log_line
 from superinfer.server.state import DEAD, LOADING, READY, STOPPED, Rejection, ServerState
-from superinfer.slo_config import SLOConfig
+from superinfer.slo.classes import SLOConfig
+from superinfer.slo.metrics import ABORTED, RequestRecord, slo_report
+from superinfer.slo.record_log import TaggedSLOLog, log_line
 
 logger = logging.getLogger(__name__)
 

@@ -19,10 +19,10 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from superinfer.server.arrival import IngressStamp, arrival_of
 from superinfer.server.debug import engine_report
 from superinfer.server.errors import APIError, bad_request, error_body
 from superinfer.server.generation import SSEResponse, collect_response, stream_response
-from superinfer.server.ingress import IngressStamp, arrival_of
 from superinfer.server.prepare import PreparedRequest, error_for_validation
 from superinfer.server.protocol import ChatCompletionRequest, CompletionRequest
 from superinfer.server.state import Rejection, ServerState

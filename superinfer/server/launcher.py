@@ -17,7 +17,7 @@ from superinfer.config import EngineConfig
 from superinfer.server.app import build_app
 from superinfer.server.config import ServerConfig
 from superinfer.server.state import ServerState
-from superinfer.slo_config import SLOConfig
+from superinfer.slo.classes import SLOConfig
 
 logger = logging.getLogger(__name__)
 

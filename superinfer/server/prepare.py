@@ -14,12 +14,12 @@ from typing import Any
 from pydantic import BaseModel
 
 from superinfer.sampling_params import SamplingParams
+from superinfer.server.arrival import Arrival
 from superinfer.server.errors import APIError, bad_request
-from superinfer.server.ingress import Arrival
 from superinfer.server.protocol import ChatCompletionRequest, CompletionRequest
 from superinfer.server.serving_defaults import ServingDefaults
-from superinfer.server.slo_binding import BoundSLO, bind_slo
-from superinfer.slo_config import SLOConfig
+from superinfer.slo.binding import BoundSLO, bind_slo
+from superinfer.slo.classes import SLOConfig
 
 _MIN_TEMPERATURE = 1e-5  # below this, sampling is greedy (avoids overflow in logits / t)
 _REQUEST_ID_HEADER = "x-request-id"

@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 
 from superinfer.config import EngineConfig
 from superinfer.engine.async_engine import EngineSnapshot
-from superinfer.metrics import CAPACITY_REJECTIONS, FINISHED, SLOReport
+from superinfer.slo.metrics import CAPACITY_REJECTIONS, FINISHED, SLOReport
 
 F = TypeVar("F", GaugeMetricFamily, CounterMetricFamily)
 

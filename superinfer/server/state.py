@@ -21,7 +21,20 @@ from prometheus_client import generate_latest
 from superinfer.config import EngineConfig
 from superinfer.engine.async_engine import AsyncEngine, EngineSnapshot, RequestStream
 from superinfer.engine.native_memory import release_free_memory
-from superinfer.metrics import (
+from superinfer.outputs import RequestOutput
+from superinfer.server.admission import Admission, Load
+from superinfer.server.arrival import Arrival
+from superinfer.server.config import ServerConfig
+from superinfer.server.errors import APIError, log_level_of
+from superinfer.server.log_limit import RateLimitedLog
+from superinfer.server.prepare import PreparedRequest, RequestPreparer
+from superinfer.server.prometheus import ServerMetrics
+from superinfer.server.serving_defaults import serving_defaults_of
+from superinfer.server.stats_log import StatsLogger
+from superinfer.server.warmup import warm_up
+from superinfer.slo import SLOTargets
+from superinfer.slo.classes import SLOConfig
+from superinfer.slo.metrics import (
     ABORTED,
     FINISHED,
     REJECTED,
@@ -30,20 +43,7 @@ from superinfer.metrics import (
     slo_report,
     tbt_gaps,
 )
-from superinfer.outputs import RequestOutput
-from superinfer.server.admission import Admission, Load
-from superinfer.server.config import ServerConfig
-from superinfer.server.errors import APIError, log_level_of
-from superinfer.server.ingress import Arrival
-from superinfer.server.log_limit import RateLimitedLog
-from superinfer.server.prepare import PreparedRequest, RequestPreparer
-from superinfer.server.prometheus import ServerMetrics
-from superinfer.server.serving_defaults import serving_defaults_of
-from superinfer.server.slo_log import SLOLog, log_line
-from superinfer.server.stats_log import StatsLogger
-from superinfer.server.warmup import warm_up
-from superinfer.slo import SLOTargets
-from superinfer.slo_config import SLOConfig
+from superinfer.slo.record_log import SLOLog, log_line
 
 if TYPE_CHECKING:
     from superinfer.engine.llm_engine import LLMEngine

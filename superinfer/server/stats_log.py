@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from superinfer.engine.async_engine import EngineSnapshot
-from superinfer.metrics import SLOReport, attainment
+from superinfer.slo.metrics import SLOReport, attainment
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """A simulated run as result JSON: the benchmark's fields, computed from per-request
-records by the project's one metrics module (`superinfer.metrics`)."""
+records by the project's one metrics module (`superinfer.slo.metrics`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from dataclasses import asdict
 from typing import Any
 
 from superinfer.core.request import Request, RequestStatus
-from superinfer.metrics import (
+from superinfer.sim.simulation import SimRun
+from superinfer.slo.metrics import (
     ABORTED,
     FINISHED,
     REJECTED,
@@ -21,7 +22,6 @@ from superinfer.metrics import (
     slo_report,
     targets_dict,
 )
-from superinfer.sim.simulation import SimRun
 
 
 def to_record(request: Request, outcome: str, rejection_reason: str | None = None) -> RequestRecord:

@@ -14,16 +14,16 @@ from superinfer.core.scheduler import Scheduler
 from superinfer.sampling_params import SamplingParams
 from superinfer.sim.config import SimConfig
 from superinfer.sim.engine import SimEngine
+from superinfer.sim.event_loop import EventLoop
 from superinfer.sim.events import Arrival, TransferDone
 from superinfer.sim.fitted import FittedPredictor
 from superinfer.sim.hardware import GIB, HardwareProfile, get_hardware
 from superinfer.sim.models import ModelProfile, get_model
 from superinfer.sim.noise import NoiseParams, StepNoise
 from superinfer.sim.predictor import StepTimePredictor
+from superinfer.sim.profile_targets import resolve_targets
 from superinfer.sim.roofline import RooflinePredictor
 from superinfer.sim.runner import SimModelRunner
-from superinfer.sim.simulator import EventLoop
-from superinfer.sim.slo_defaults import resolve_targets
 from superinfer.sim.transfer import LinkModel, SimTransferEngine
 from superinfer.sim.workload import SimRequest
 from superinfer.slo import SLOTargets

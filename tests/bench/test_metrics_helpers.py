@@ -1,4 +1,4 @@
-"""Percentiles and distributions of `superinfer.metrics`, and the client's result fields
+"""Percentiles and distributions of `superinfer.slo.metrics`, and the client's result fields
 computed from them, against hand-computed cases."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 
 from superinfer.bench.client import RequestResult, RequestSpec, to_record
 from superinfer.bench.serve import RunOutput, ServeOptions, benchmark_result
-from superinfer.metrics import distribution, percentile
 from superinfer.slo import SLOTargets
+from superinfer.slo.metrics import distribution, percentile
 
 GOLD = SLOTargets(ttft_ms=200, tbt_ms=50, slo_class="gold")
 BRONZE = SLOTargets(ttft_ms=1000, tbt_ms=500, slo_class="bronze")

@@ -58,7 +58,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
     from superinfer.cluster.app import ClusterConfig, build_application
     from superinfer.config import EngineConfig
     from superinfer.server.config import ServerConfig
-    from superinfer.slo_config import load_slo_config
+    from superinfer.slo.classes import load_slo_config
 
     tmp = tmp_path_factory.mktemp("cluster")
     (tmp / "slo.yaml").write_text(SLO_YAML)

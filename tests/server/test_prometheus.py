@@ -13,9 +13,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from superinfer.config import CacheConfig, EngineConfig, SchedulerConfig
 from superinfer.engine.async_engine import EngineSnapshot
-from superinfer.metrics import ABORTED, FINISHED, RequestRecord, slo_report, tbt_gaps
 from superinfer.server.prometheus import ServerMetrics
 from superinfer.slo import SLOTargets
+from superinfer.slo.metrics import ABORTED, FINISHED, RequestRecord, slo_report, tbt_gaps
 
 MODEL = "test-model"
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "superinfer-dashboard.json"

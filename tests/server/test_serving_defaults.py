@@ -49,13 +49,13 @@ def tokenizer():
 
 def preparer(tokenizer, defaults):
     from superinfer.server.prepare import RequestPreparer
-    from superinfer.slo_config import SLOConfig
+    from superinfer.slo.classes import SLOConfig
 
     return RequestPreparer(tokenizer, 49152, 2048, SLOConfig(), defaults)
 
 
 def prepare(preparer, body_type, **body):
-    from superinfer.server.ingress import Arrival
+    from superinfer.server.arrival import Arrival
 
     return preparer.prepare(body_type(**body), {}, Arrival(monotonic=1.0, wall=1e9))
 

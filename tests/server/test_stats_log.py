@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 
 from superinfer.engine.async_engine import EngineSnapshot
-from superinfer.metrics import ABORTED, FINISHED, REJECTED, RequestRecord, slo_report
 from superinfer.server.stats_log import StatsLogger, slo_summary, stats_line
 from superinfer.slo import SLOTargets
+from superinfer.slo.metrics import ABORTED, FINISHED, REJECTED, RequestRecord, slo_report
 
 TARGETS = SLOTargets(ttft_ms=500, tbt_ms=100)
 

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
+from superinfer.sim.event_loop import EventLoop
 from superinfer.sim.events import Event
-from superinfer.sim.simulator import EventLoop
 
 
 class Mark(Event):

@@ -16,12 +16,12 @@ from __future__ import annotations
 import json
 import os
 
-from superinfer.metrics import RequestRecord
 from superinfer.sim.config import SimConfig
 from superinfer.sim.results import records_of, summarize
 from superinfer.sim.simulation import simulate
 from superinfer.sim.workload import workload_from_records
 from superinfer.slo import SLOTargets
+from superinfer.slo.metrics import RequestRecord
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "real_cpu_fcfs_rate0.5.json")
 TOLERANCE = 0.20

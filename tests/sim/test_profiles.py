@@ -5,8 +5,8 @@ import pytest
 from superinfer.sim.config import SimConfig
 from superinfer.sim.hardware import get_hardware
 from superinfer.sim.models import get_model
+from superinfer.sim.profile_targets import default_targets, resolve_targets, round_up_nice
 from superinfer.sim.simulation import build_system
-from superinfer.sim.slo_defaults import default_targets, resolve_targets, round_up_nice
 
 
 def test_parameter_counts_match_the_published_sizes():

@@ -3,9 +3,9 @@ from __future__ import annotations
 import pytest
 
 from superinfer.core.policies import available_policies
-from superinfer.metrics import ABORTED, FINISHED, REJECTED
 from superinfer.sim.results import records_of, result_json, summarize
 from superinfer.sim.workload import SimRequest, synthetic_workload
+from superinfer.slo.metrics import ABORTED, FINISHED, REJECTED
 from tests.sim.helpers import run_small, small_workload
 
 

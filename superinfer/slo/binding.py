@@ -5,6 +5,11 @@ them; where a header and the body both give a target, the stricter (smaller) one
 `x-slo-deadline` (absolute, Unix epoch ms) is turned into a budget relative to the
 arrival stamp and competes with `x-slo-max-latency` / `max_latency_ms` the same way. When
 the header and the body name different classes, the header (set by a gateway) holds.
+
+The one module of `superinfer.slo` that imports the server: it reads the server's parsed
+body (`SLOBody`) and arrival stamp, and its refusals are the server's HTTP answers
+(`APIError`: 400 for bad values, 425 for a past deadline). Nothing in `superinfer.server`
+that it imports imports `superinfer.slo`, and `superinfer.slo` itself does not import it.
 """
 
 from __future__ import annotations
@@ -13,21 +18,24 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from superinfer.server.arrival import Arrival
 from superinfer.server.errors import APIError, bad_request
-from superinfer.server.ingress import Arrival
 from superinfer.server.protocol import SLOBody
-from superinfer.slo import SLOTargets
-from superinfer.slo_config import SLOClass, SLOConfig
-
-HEADER_TTFT = "x-slo-ttft-ms"
-HEADER_TBT = "x-slo-tbt-ms"
-HEADER_MAX_LATENCY = "x-slo-max-latency"
-HEADER_DEADLINE = "x-slo-deadline"
-HEADER_CLASS = "x-slo-class"
+from superinfer.slo.classes import SLOClass, SLOConfig
+from superinfer.slo.targets import SLOTargets
+from superinfer.slo.wire import (
+    HEADER_CLASS,
+    HEADER_DEADLINE,
+    HEADER_MAX_LATENCY,
+    HEADER_TBT,
+    HEADER_TTFT,
+)
 
 
 @dataclass(frozen=True)
 class BoundSLO:
+    """A request's resolved targets and the class they came from."""
+
     targets: SLOTargets  # slo_class set when the request has a class
     slo_class: SLOClass | None
     is_ttft_given: bool = False  # the request set a TTFT target (header or body)

@@ -1,7 +1,7 @@
 """The SLO contract's data: a request's latency targets (all times in milliseconds).
 
-Pure Python. Resolution from headers, body and classes happens at the server's ingress;
-the scheduler and the policies only read the resolved `SLOTargets`.
+Pure Python. Resolution from headers, body and classes happens at the server's ingress
+(`binding.py`); the scheduler and the policies only read the resolved `SLOTargets`.
 """
 
 from __future__ import annotations

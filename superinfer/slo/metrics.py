@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from superinfer.slo import SLOTargets
+from superinfer.slo.targets import SLOTargets
 
 FINISHED, ABORTED, REJECTED = "finished", "aborted", "rejected"
 OUTCOMES = (FINISHED, ABORTED, REJECTED)

@@ -3,6 +3,13 @@
 Every request, never sampled. Each line is written whole with one `write` of a complete
 line under a lock and flushed at once, so a crash loses no finished record and a reader
 never sees half a line.
+
+Across processes (scale-out), the ingress and every replica append to the same path with a
+`TaggedSLOLog`, each line tagged with the replica that served the request (null: the
+ingress wrote it: a rejection by every replica, a request whose replica failed, a bad
+request). Each line is one `write` of a whole line to a file opened for appending, so on
+one node lines from several processes never interleave. On a multi-node cluster each node
+has its own file at that path: concatenate them (docs/scale-out.md).
 """
 
 from __future__ import annotations
@@ -12,7 +19,7 @@ import os
 import threading
 from typing import Any
 
-from superinfer.metrics import RequestRecord, SLOReport, targets_dict
+from superinfer.slo.metrics import RequestRecord, SLOReport, targets_dict
 
 
 class SLOLog:
@@ -41,6 +48,17 @@ class SLOLog:
                 self._file.flush()
                 os.fsync(self._file.fileno())
                 self._file.close()
+
+
+class TaggedSLOLog(SLOLog):
+    """An `SLOLog` that adds `"replica": <id>` to each line."""
+
+    def __init__(self, path: str | os.PathLike[str] | None, replica: str | None) -> None:
+        super().__init__(path)
+        self.replica = replica
+
+    def write(self, line: dict[str, Any]) -> None:
+        super().write({**line, "replica": self.replica})
 
 
 def log_line(

@@ -1,11 +1,11 @@
-"""metrics.py: one exposition from several processes, each sample labelled by replica."""
+"""exposition.py: one exposition from several processes, each sample labelled by replica."""
 
 from __future__ import annotations
 
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from superinfer.cluster.metrics import merge_expositions
+from superinfer.cluster.exposition import merge_expositions
 from superinfer.server.prometheus import ServerMetrics
 
 

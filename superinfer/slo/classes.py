@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from superinfer.slo import DEFAULT_TBT_MS, DEFAULT_TTFT_MS, SLOTargets
+from superinfer.slo.targets import DEFAULT_TBT_MS, DEFAULT_TTFT_MS, SLOTargets
 
 
 class SLOConfigError(ValueError):

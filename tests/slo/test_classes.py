@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from superinfer.slo_config import SLOConfigError, load_slo_config, parse_slo_config
+from superinfer.slo.classes import SLOConfigError, load_slo_config, parse_slo_config
 
 YAML = """
 default_class: silver

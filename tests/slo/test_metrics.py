@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from superinfer.metrics import (
+from superinfer.slo import SLOTargets
+from superinfer.slo.metrics import (
     ABORTED,
     FINISHED,
     REJECTED,
@@ -15,7 +16,6 @@ from superinfer.metrics import (
     slo_report,
     tbt_gaps,
 )
-from superinfer.slo import SLOTargets
 
 TARGETS = SLOTargets(ttft_ms=200, tbt_ms=50, max_latency_ms=None, slo_class="gold")
 

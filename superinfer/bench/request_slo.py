@@ -1,4 +1,4 @@
-"""The SLO of each benchmark request: targets from flags or a class mix, and their wire form.
+"""The SLO of each benchmark request: targets from flags or a class mix, and how they travel.
 
 A class mix (`gold=0.2,silver=0.5,bronze=0.3`) gives each class exactly its share of the
 requests (largest remainder), in a seeded random order. A class's targets come from the SLO
@@ -6,18 +6,18 @@ configuration (the same file as `superinfer serve --slo-config`, or the built-in
 explicit `ttft_ms` / `tbt_ms` / `max_latency_ms` override them, as at the server.
 
 Every request carries its targets explicitly, as `x-slo-*` headers and as the body's `slo`
-object (slo-contract.md), so the client judges attainment against exactly the targets the
-server was given, whatever its class configuration.
+object (`--slo-transport`; the wire form is `superinfer.slo.wire`), so the client judges
+attainment against exactly the targets the server was given, whatever its class
+configuration.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from typing import Any
 
-from superinfer.slo import SLOTargets
-from superinfer.slo_config import SLOConfig
+from superinfer.slo.classes import SLOConfig
+from superinfer.slo.targets import SLOTargets
 
 SLO_TRANSPORTS = ("both", "headers", "body", "none")
 
@@ -82,23 +82,3 @@ def request_targets(
         )
         for t in base
     ]
-
-
-def slo_headers(targets: SLOTargets) -> dict[str, str]:
-    """The `x-slo-*` headers that carry `targets`."""
-    headers = {"x-slo-ttft-ms": f"{targets.ttft_ms:g}", "x-slo-tbt-ms": f"{targets.tbt_ms:g}"}
-    if targets.max_latency_ms is not None:
-        headers["x-slo-max-latency"] = f"{targets.max_latency_ms:g}"
-    if targets.slo_class is not None:
-        headers["x-slo-class"] = targets.slo_class
-    return headers
-
-
-def slo_body(targets: SLOTargets) -> dict[str, Any]:
-    """The body's `slo` object that carries `targets`."""
-    body: dict[str, Any] = {"ttft_ms": targets.ttft_ms, "tbt_ms": targets.tbt_ms}
-    if targets.max_latency_ms is not None:
-        body["max_latency_ms"] = targets.max_latency_ms
-    if targets.slo_class is not None:
-        body["class"] = targets.slo_class
-    return body

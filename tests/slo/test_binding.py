@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from superinfer.server.arrival import Arrival
 from superinfer.server.errors import APIError
-from superinfer.server.ingress import Arrival
 from superinfer.server.protocol import SLOBody
-from superinfer.server.slo_binding import bind_slo
 from superinfer.slo import SLOTargets
-from superinfer.slo_config import SLOClass, SLOConfig
+from superinfer.slo.binding import bind_slo
+from superinfer.slo.classes import SLOClass, SLOConfig
 
 CONFIG = SLOConfig(
     classes=(

@@ -1,4 +1,4 @@
-"""Class mixes, per-request targets and their wire form (slo-contract.md)."""
+"""Class mixes and per-request targets (the wire form: tests/slo/test_wire.py)."""
 
 from __future__ import annotations
 
@@ -6,15 +6,9 @@ from collections import Counter
 
 import pytest
 
-from superinfer.bench.slo_targets import (
-    class_sequence,
-    parse_class_mix,
-    request_targets,
-    slo_body,
-    slo_headers,
-)
+from superinfer.bench.request_slo import class_sequence, parse_class_mix, request_targets
 from superinfer.slo import SLOTargets
-from superinfer.slo_config import SLOConfig
+from superinfer.slo.classes import SLOConfig
 
 
 def test_parse_class_mix_normalizes():
@@ -47,13 +41,3 @@ def test_targets_come_from_the_class_and_explicit_values_override():
     assert plain == [SLOTargets(250, 200, None, None)] * 2
     with pytest.raises(ValueError, match="unknown SLO classes"):
         request_targets(2, {"platinum": 1.0}, config)
-
-
-def test_wire_form():
-    targets = SLOTargets(500, 100, 2000, "gold")
-    assert slo_headers(targets) == {"x-slo-ttft-ms": "500", "x-slo-tbt-ms": "100",
-                                    "x-slo-max-latency": "2000", "x-slo-class": "gold"}  # fmt: skip
-    assert slo_body(targets) == {"ttft_ms": 500, "tbt_ms": 100, "max_latency_ms": 2000,
-                                 "class": "gold"}  # fmt: skip
-    assert slo_headers(SLOTargets(250, 50)) == {"x-slo-ttft-ms": "250", "x-slo-tbt-ms": "50"}
-    assert slo_body(SLOTargets(250.5, 50)) == {"ttft_ms": 250.5, "tbt_ms": 50}

@@ -1,0 +1,37 @@
+"""How a request's targets travel (slo-contract.md): `x-slo-*` headers and the body's `slo`
+object. The server reads them (`binding.py`); the benchmark client writes them.
+
+Pure Python, no server imports, so a client can use it without the server's stack.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from superinfer.slo.targets import SLOTargets
+
+HEADER_TTFT = "x-slo-ttft-ms"
+HEADER_TBT = "x-slo-tbt-ms"
+HEADER_MAX_LATENCY = "x-slo-max-latency"
+HEADER_DEADLINE = "x-slo-deadline"
+HEADER_CLASS = "x-slo-class"
+
+
+def slo_headers(targets: SLOTargets) -> dict[str, str]:
+    """The `x-slo-*` headers that carry `targets`."""
+    headers = {HEADER_TTFT: f"{targets.ttft_ms:g}", HEADER_TBT: f"{targets.tbt_ms:g}"}
+    if targets.max_latency_ms is not None:
+        headers[HEADER_MAX_LATENCY] = f"{targets.max_latency_ms:g}"
+    if targets.slo_class is not None:
+        headers[HEADER_CLASS] = targets.slo_class
+    return headers
+
+
+def slo_body(targets: SLOTargets) -> dict[str, Any]:
+    """The body's `slo` object that carries `targets`."""
+    body: dict[str, Any] = {"ttft_ms": targets.ttft_ms, "tbt_ms": targets.tbt_ms}
+    if targets.max_latency_ms is not None:
+        body["max_latency_ms"] = targets.max_latency_ms
+    if targets.slo_class is not None:
+        body["class"] = targets.slo_class
+    return body
