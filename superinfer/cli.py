@@ -11,7 +11,7 @@ import dataclasses
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from superinfer.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
@@ -27,27 +27,36 @@ _TYPES = {"int": int, "float": float, "str": str}
 _PARSERS = {"human_int": human_readable_int}
 
 
-def add_config_flags(parser: argparse.ArgumentParser, config_type: type, title: str) -> None:
-    """One `--flag-name` per dataclass field, with its default and help text."""
+def add_config_flags(
+    parser: argparse.ArgumentParser,
+    config_type: type,
+    title: str,
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+) -> None:
+    """One `--flag-name` per dataclass field, with its default and help text; `overrides`
+    gives a field another default or help text for this command (`{"max_num_seqs":
+    {"default": 256}}`)."""
     group = parser.add_argument_group(title)
     for f in dataclasses.fields(config_type):
         if not f.metadata.get("is_cli", True):
             continue
+        override = (overrides or {}).get(f.name, {})
+        default = override.get("default", f.default)
         flag = "--" + f.name.replace("_", "-")
-        help_text = f.metadata.get("help", "")
+        help_text = override.get("help", f.metadata.get("help", ""))
         base_type = str(f.type).split("|")[0].strip()
         if base_type == "bool":
             group.add_argument(
-                flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text
+                flag, action=argparse.BooleanOptionalAction, default=default, help=help_text
             )
             continue
         if base_type == "list[str]":
-            group.add_argument(flag, nargs="+", default=f.default, help=help_text, metavar="STR")
+            group.add_argument(flag, nargs="+", default=default, help=help_text, metavar="STR")
             continue
         choices = f.metadata.get("choices")
         parse = _PARSERS.get(f.metadata.get("parse"), _TYPES[base_type])
         group.add_argument(
-            flag, type=parse, default=f.default, help=help_text, choices=choices,
+            flag, type=parse, default=default, help=help_text, choices=choices,
             metavar=None if choices else base_type.upper(),
         )  # fmt: skip
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import itertools
 
-from superinfer.config import SchedulerConfig
-from superinfer.core.kv.manager import TwoTierKVManager
+from superinfer.config import CacheConfig, SchedulerConfig
+from superinfer.core.factory import build_scheduler
 from superinfer.core.outputs import ModelOutput, SchedulerOutput
-from superinfer.core.policies import create_policy
 from superinfer.core.request import Request
 from superinfer.core.scheduler import Scheduler
 from superinfer.sampling_params import SamplingParams
@@ -46,7 +45,6 @@ def make_scheduler(
     enable_prefix_caching: bool = True,
     **config_options,
 ) -> Scheduler:
-    kv = TwoTierKVManager(num_device_blocks, num_host_blocks, block_size, enable_prefix_caching)
     config = SchedulerConfig(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
@@ -54,7 +52,8 @@ def make_scheduler(
         policy=policy,
         **config_options,
     )
-    return Scheduler(config, kv, create_policy(policy, config))
+    cache = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
+    return build_scheduler(config, cache, num_device_blocks, num_host_blocks)
 
 
 def fake_next_token(request_id: str, num_tokens: int) -> int:
@@ -127,7 +126,7 @@ def run_pipelined(scheduler: Scheduler, max_steps: int = 10_000, abort_at: dict 
         scheduler.check_invariants()
         inflight = (nxt, model_output) if nxt.sequences else None
         if inflight is None and nxt.is_empty:
-            scheduler.kv.end_step_fence()
+            scheduler.abandon_step()
         now += 0.01
     scheduler.complete_transfers(pending)
     scheduler.check_invariants()

@@ -1,7 +1,8 @@
 """The engine replica: a Ray Serve deployment that owns one engine and its KV tiers.
 
-Each replica runs the single-process server's `ServerState` without HTTP: the same
-warm-up, admission (its own queue bounds and deadline estimate), SLO records and metrics.
+Each replica runs the single-process server's `ServerState` (a front over an engine host)
+without HTTP: the same warm-up, admission (its own queue bounds and deadline estimate), SLO
+records (into a log tagged with the replica id) and metrics.
 The ingress calls `generate` as a streaming call; the first item is the admission
 `Verdict`, then the SSE events (stream) or one `(status, body)` (non-stream). A cancelled
 call (the client left) aborts the request, freeing its KV blocks in both tiers.
@@ -9,7 +10,6 @@ call (the client left) aborts the request, freeing its KV blocks in both tiers.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from collections.abc import AsyncIterator
@@ -23,8 +23,9 @@ from superinfer.config import EngineConfig
 from superinfer.server.arrival import Arrival
 from superinfer.server.config import ServerConfig
 from superinfer.server.errors import APIError
+from superinfer.server.front import DRAINING, READY
 from superinfer.server.generation import collect_body, stream_response
-from superinfer.server.state import DRAINING, READY, ServerState
+from superinfer.server.state import ServerState
 from superinfer.slo.classes import SLOConfig
 from superinfer.slo.record_log import TaggedSLOLog
 
@@ -40,12 +41,13 @@ class EngineReplica:
         model_name: str,
     ) -> None:
         self.replica_id = serve.get_replica_context().replica_id.unique_id
-        local = dataclasses.replace(server_config, slo_log=None)
-        self.state = ServerState(local, engine_config, slo_config, model_name)
-        self.state.slo_log = TaggedSLOLog(server_config.slo_log, self.replica_id)
+        slo_log = TaggedSLOLog(server_config.slo_log, self.replica_id)
+        self.state = ServerState(server_config, engine_config, slo_config, model_name,
+                                 slo_log=slo_log)  # fmt: skip
         await self.state.boot()  # Ray Serve routes to the replica once this returns
-        if self.state.phase != READY:
-            raise RuntimeError(f"replica {self.replica_id} failed to start ({self.state.phase})")
+        phase = self.state.front.phase
+        if phase != READY:
+            raise RuntimeError(f"replica {self.replica_id} failed to start ({phase})")
 
     async def generate(self, call: ReplicaCall) -> AsyncIterator[Any]:
         """Admit `call` here or refuse it; then stream its answer."""
@@ -53,8 +55,8 @@ class EngineReplica:
         # the arrival on this process's clock: skew-free (only the ingress's elapsed time)
         arrival = Arrival(time.monotonic() - call.elapsed_s, call.arrival_wall)
         try:
-            self.state.check_ready()
-            stream, inflight = self.state.admit(prepared, arrival, call.expected_tokens)
+            self.state.front.check_ready()
+            stream, inflight = self.state.host.admit(prepared, arrival, call.expected_tokens)
         except APIError as error:
             refusal = Refusal(error.status, error.message, error.code, error.headers)
             yield Verdict(self.replica_id, refusal)
@@ -67,28 +69,28 @@ class EngineReplica:
             else:
                 yield await collect_body(self.state, stream, inflight, call.is_chat)
         finally:  # a no-op once the request ended; else the caller went away
-            self.state.abort(inflight, "client_disconnected")
+            self.state.host.abort(inflight, "client_disconnected")
 
     def record_routing_stats(self) -> dict[str, Any]:
         """The load the router ranks by (Ray Serve polls it)."""
         return self.load().to_stats()
 
     def load(self) -> ReplicaLoad:
-        state = self.state
-        engine = state.engine
-        if engine is None:
+        host = self.state.host
+        snapshot = host.snapshot
+        if snapshot is None:
             return ReplicaLoad(self.replica_id, reported_at=time.time())
-        snapshot, load = engine.snapshot, state.load()
+        load = host.load()
         return ReplicaLoad(
             self.replica_id, snapshot.num_running, snapshot.num_swapped, load.num_queued,
             load.num_queued_tokens, snapshot.device_kv_usage, snapshot.host_kv_usage,
-            load.step_time_s, load.prefill_s_per_token, state.config.max_num_queued_reqs,
-            state.config.max_num_queued_tokens, time.time(),
+            load.step_time_s, load.prefill_s_per_token, host.config.max_num_queued_reqs,
+            host.config.max_num_queued_tokens, time.time(),
         )  # fmt: skip
 
     def preparer_parts(self) -> tuple[Any, int, int]:
         """(tokenizer, vocab size, max model length): what the ingress validates against."""
-        preparer = self.state.preparer
+        preparer = self.state.front.preparer
         assert preparer is not None
         return preparer.tokenizer, preparer.vocab_size, preparer.max_model_len
 
@@ -98,17 +100,16 @@ class EngineReplica:
 
     async def debug(self) -> dict[str, Any]:
         """Engine report for tests: KV ownership and the invariant check."""
-        from superinfer.server.debug import engine_report
-
-        assert self.state.engine is not None
-        report = await self.state.engine.call(engine_report)
-        return {"replica": self.replica_id, "num_inflight": len(self.state.inflight),
-                "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), **report}  # fmt: skip
+        report = await self.state.host.debug_report()
+        assert report is not None
+        return {"replica": self.replica_id, "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+                **report}  # fmt: skip
 
     def check_health(self) -> None:
         """Ray Serve restarts a replica whose engine thread died."""
-        if not self.state.health[0] and self.state.phase != DRAINING:
-            raise RuntimeError(f"replica {self.replica_id} is {self.state.phase}")
+        front = self.state.front
+        if not front.health[0] and front.phase != DRAINING:
+            raise RuntimeError(f"replica {self.replica_id} is {front.phase}")
 
     async def __del__(self) -> None:
         await self.state.drain(self.state.config.shutdown_timeout)

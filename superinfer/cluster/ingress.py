@@ -24,6 +24,7 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
+from prometheus_client import generate_latest
 from ray import serve
 from ray.exceptions import RayError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
@@ -37,16 +38,16 @@ from superinfer.server.app import build_app, prepare_request
 from superinfer.server.arrival import Arrival, IngressStamp, arrival_of
 from superinfer.server.config import ServerConfig
 from superinfer.server.errors import APIError, error_body
+from superinfer.server.front import DEAD, LOADING, READY, STOPPED, Front, Rejection
 from superinfer.server.generation import SSEResponse
 from superinfer.server.prepare import PreparedRequest, RequestPreparer
 from superinfer.server.prometheus import ServerMetrics
 from superinfer.server.protocol import ChatCompletionRequest
 from superinfer.server.responses import DONE, sse
 from superinfer.server.serving_defaults import serving_defaults_of
-from superinfer.server.state import DEAD, LOADING, READY, STOPPED, Rejection, ServerState
 from superinfer.slo.classes import SLOConfig
 from superinfer.slo.metrics import ABORTED, RequestRecord, slo_report
-from superinfer.slo.record_log import TaggedSLOLog, log_line
+from superinfer.slo.record_log import SLOLog, TaggedSLOLog, log_line
 
 logger = logging.getLogger(__name__)
 
@@ -55,58 +56,33 @@ METRICS_TIMEOUT_S = 5.0
 REPLICA_FAILED = "replica_failed"
 
 
-class IngressState(ServerState):
-    """A `ServerState` whose engines live on the replicas behind `replicas`."""
+class RemoteReplicas:
+    """The engines of the ingress: the replicas behind `handle`. They give the tokenizer
+    requests are prepared with, run the requests (`dispatch`), report their metrics, and
+    a request whose replica died gets its SLO record (into `slo_log`, `metrics`) here."""
 
-    def __init__(
-        self,
-        server_config: ServerConfig,
-        engine_config: EngineConfig,
-        slo_config: SLOConfig,
-        model_name: str,
-        replicas: DeploymentHandle,
-    ) -> None:
-        local = dataclasses.replace(server_config, slo_log=None)
-        super().__init__(local, engine_config, slo_config, model_name)
-        self.config = server_config
-        self.metrics = ServerMetrics(model_name, None, slo_config.class_names, engine_config)
-        self.slo_log = TaggedSLOLog(server_config.slo_log, None)
-        self.replicas = replicas
+    def __init__(self, handle: DeploymentHandle, slo_log: SLOLog, metrics: ServerMetrics) -> None:
+        self.handle = handle
+        self.slo_log = slo_log
+        self.metrics = metrics
         # one handle per method, made once: each handle owns its router (and its state)
-        self._generate = replicas.options(method_name="generate", stream=True)
+        self._generate = handle.options(method_name="generate", stream=True)
 
-    async def boot(self) -> None:
-        """Validate against the replicas' tokenizer; ready once one replica answered."""
-        try:
-            tokenizer, vocab_size, max_model_len = await self.replicas.preparer_parts.remote()
-        except Exception:
-            logger.exception("the ingress could not reach a replica")
-            self.phase = DEAD
-            return
-        self.preparer = RequestPreparer(
-            tokenizer, vocab_size, max_model_len, self.slo_config,
-            serving_defaults_of(self.config, self.engine_config),
-        )  # fmt: skip
-        if self.phase == LOADING:
-            self.phase = READY
-
-    async def close(self) -> None:
-        self.phase = STOPPED if self.phase != DEAD else DEAD
-        self.slo_log.close()
-
-    @property
-    def health(self) -> tuple[bool, str]:
-        if self.phase == READY and not self.live_replicas:
-            return False, "without_replicas"
-        return self.phase == READY, self.phase
+    async def preparer_parts(self) -> tuple[Any, int, int]:
+        """(tokenizer, vocab size, max model length) of one replica (raises if none answers)."""
+        return await self.handle.preparer_parts.remote()
 
     @property
     def live_replicas(self) -> tuple[str, ...]:
-        return live_replicas(self.replicas.deployment_name)
+        return live_replicas(self.handle.deployment_name)
 
-    async def metrics_text(self) -> bytes:
-        """Every replica's series and the ingress's own, each with a `replica` label."""
-        broadcast = self.replicas.broadcast("metrics_text")
+    def unavailable(self) -> str | None:
+        """Why the ingress cannot serve now (for the front's readiness), or None."""
+        return None if self.live_replicas else "without_replicas"
+
+    async def metrics_text(self, own: bytes) -> bytes:
+        """Every replica's series and the ingress's `own`, each with a `replica` label."""
+        broadcast = self.handle.broadcast("metrics_text")
         try:
             results = await broadcast.results_async(
                 timeout_s=METRICS_TIMEOUT_S, return_exceptions=True
@@ -115,9 +91,8 @@ class IngressState(ServerState):
             logger.warning("no replica metrics within %.0f s", METRICS_TIMEOUT_S)
             results = []
         parts = [part for part in results if isinstance(part, tuple)]
-        return merge_expositions([("ingress", await super().metrics_text()), *parts])
+        return merge_expositions([("ingress", own), *parts])
 
-    # --- dispatch -------------------------------------------------------------------------
     async def dispatch(
         self, prepared: PreparedRequest, arrival: Arrival, expected_tokens: int, is_chat: bool
     ) -> tuple[DeploymentResponseGenerator, Verdict]:
@@ -167,6 +142,54 @@ class IngressState(ServerState):
         return error_body(502, message, REPLICA_FAILED)
 
 
+class IngressState:
+    """The ingress: the single server's `Front` over `RemoteReplicas`, sharing one SLO log
+    (lines tagged `"replica": null`) and the ingress's own metrics (no engine series)."""
+
+    def __init__(
+        self,
+        server_config: ServerConfig,
+        engine_config: EngineConfig,
+        slo_config: SLOConfig,
+        model_name: str,
+        replicas: DeploymentHandle,
+    ) -> None:
+        self.config = server_config
+        self.engine_config = engine_config
+        self.slo_config = slo_config
+        self.slo_log = TaggedSLOLog(server_config.slo_log, None)
+        self.metrics = ServerMetrics(model_name, None, slo_config.class_names, engine_config)
+        self.replicas = RemoteReplicas(replicas, self.slo_log, self.metrics)
+        self.front = Front(server_config, model_name, self.slo_log, self.metrics,
+                           unavailable=self.replicas.unavailable)  # fmt: skip
+
+    async def boot(self) -> None:
+        """Validate against the replicas' tokenizer; ready once one replica answered."""
+        try:
+            tokenizer, vocab_size, max_model_len = await self.replicas.preparer_parts()
+        except Exception:
+            logger.exception("the ingress could not reach a replica")
+            self.front.phase = DEAD
+            return
+        self.front.preparer = RequestPreparer(
+            tokenizer, vocab_size, max_model_len, self.slo_config,
+            serving_defaults_of(self.config, self.engine_config),
+        )  # fmt: skip
+        if self.front.phase == LOADING:
+            self.front.phase = READY
+
+    async def close(self) -> None:
+        self.front.phase = STOPPED if self.front.phase != DEAD else DEAD
+        self.slo_log.close()
+
+    async def metrics_text(self) -> bytes:
+        """Every replica's series and the ingress's own, each with a `replica` label."""
+        return await self.replicas.metrics_text(generate_latest(self.metrics.registry))
+
+    async def debug_report(self) -> dict[str, Any] | None:
+        return None  # no engine here: tests read the replicas' reports through Ray
+
+
 def demand_of(prepared: PreparedRequest, expected_tokens: int, elapsed_s: float) -> Demand:
     """The request's needs and targets, as time left from now."""
     targets, floor = prepared.slo.targets, 1e-3
@@ -180,19 +203,19 @@ def demand_of(prepared: PreparedRequest, expected_tokens: int, elapsed_s: float)
     )
 
 
-async def generate_on_replicas(state: ServerState, request: Request, body_type: type) -> Response:
+async def generate_on_replicas(state: IngressState, request: Request, body_type: type) -> Response:
     """The generation handler of the ingress app (see the module docstring)."""
-    assert isinstance(state, IngressState)
+    front, replicas = state.front, state.replicas
     arrival = arrival_of(request.scope)
     rejection = Rejection(arrival, request_id=request.headers.get("x-request-id"))
     is_chat = body_type is ChatCompletionRequest
     try:
-        prepared, expected_tokens = await prepare_request(state, request, body_type, rejection)
-        responses, verdict = await state.dispatch(prepared, arrival, expected_tokens, is_chat)
+        prepared, expected_tokens = await prepare_request(front, request, body_type, rejection)
+        responses, verdict = await replicas.dispatch(prepared, arrival, expected_tokens, is_chat)
     except APIError as error:
-        state.reject(error, rejection)
+        front.reject(error, rejection)
         return error.response()
-    failed = _FailureReport(state, prepared, arrival, verdict.replica_id)
+    failed = _FailureReport(replicas, prepared, arrival, verdict.replica_id)
     if prepared.stream:
         return SSEResponse(_relay_events(responses, failed), responses.cancel)
     return await _relay_body(responses, failed, request)
@@ -200,13 +223,14 @@ async def generate_on_replicas(state: ServerState, request: Request, body_type: 
 
 @dataclasses.dataclass
 class _FailureReport:
-    state: IngressState
+    replicas: RemoteReplicas
     prepared: PreparedRequest
     arrival: Arrival
     replica_id: str
 
     def __call__(self, error: BaseException) -> dict[str, Any]:
-        return self.state.on_replica_failed(self.prepared, self.arrival, self.replica_id, error)
+        return self.replicas.on_replica_failed(self.prepared, self.arrival, self.replica_id,
+                                               error)  # fmt: skip
 
 
 async def _relay_events(

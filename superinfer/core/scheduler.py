@@ -403,6 +403,11 @@ class Scheduler:
             )  # fmt: skip
         return updates
 
+    def abandon_step(self) -> None:
+        """A launched step will never be filled in (shutdown): release the blocks freed
+        while its forward ran."""
+        self.kv.end_step_fence()
+
     def prune(self, output: SchedulerOutput) -> SchedulerOutput:
         """Before launching a step scheduled ahead: drop requests that finished meanwhile
         and put the sampled values in place of placeholders."""

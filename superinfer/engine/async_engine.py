@@ -23,13 +23,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from superinfer.core.request import PLACEHOLDER, Request
-from superinfer.engine.llm_engine import LLMEngine, metrics_of
+from superinfer.engine.llm_engine import LLMEngine
 from superinfer.engine.native_memory import release_free_memory
-from superinfer.outputs import CompletionOutput, RequestOutput
+from superinfer.engine.snapshot import EngineSnapshot, StepRecord
+from superinfer.outputs import RequestOutput
 from superinfer.sampling_params import SamplingParams
 from superinfer.slo import SLOTargets
 
@@ -45,33 +45,6 @@ TRIM_EVERY_NUM_STEPS = 500
 
 class EngineDeadError(RuntimeError):
     """The engine thread stopped; no request can be served."""
-
-
-@dataclass(frozen=True)
-class EngineSnapshot:
-    """Load and counters published by the engine thread after each step."""
-
-    num_running: int = 0
-    num_waiting: int = 0
-    num_swapped: int = 0
-    # (next deadline on the engine clock, tokens to prefill) of each waiting request
-    waiting_deadlines: tuple[tuple[float, int], ...] = ()
-    device_kv_usage: float = 0.0
-    host_kv_usage: float = 0.0
-    step_time_s: float = 0.0  # moving average of steps that produced tokens
-    num_steps: int = 0
-    num_preemptions: int = 0  # recompute preemptions
-    num_swap_outs: int = 0  # rotations to the host tier
-    num_swap_ins: int = 0
-    transfer_bytes: Mapping[str, int] = field(default_factory=dict)  # "d2h"/"h2d" -> bytes
-    transfer_seconds: Mapping[str, float] = field(default_factory=dict)
-    num_device_blocks: int = 0  # the pool sizes (0: no engine built yet)
-    num_host_blocks: int = 0
-    prefix_cache_queries: int = 0  # tokens looked up in the prefix cache (vLLM's meaning)
-    prefix_cache_hits: int = 0  # of those, tokens found cached
-    # tokens of the requests added here (not the warm-up's), since the engine started
-    num_prompt_tokens: int = 0  # prompt tokens computed (not cached), at each first token
-    num_generation_tokens: int = 0
 
 
 @dataclass
@@ -139,6 +112,7 @@ class AsyncEngine:
         self._is_stopping = False
         self._num_steps_untrimmed = 0
         self._num_prompt_tokens = self._num_generation_tokens = 0
+        self._last_step: StepRecord | None = None  # from the engine's step observer
         self.dead_error: BaseException | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -254,6 +228,7 @@ class AsyncEngine:
         except BaseException as error:
             built.set_exception(error)
             return
+        self._engine.add_step_observer(self._on_step)
         self._publish(0.0)  # the pool sizes, before any step
         built.set_result(None)
         try:
@@ -268,12 +243,12 @@ class AsyncEngine:
         with self._cond:
             if self._is_stopping:
                 return False
-            if not self._commands and not self._has_work():
+            if not self._commands and not self.engine.has_work():
                 self._cond.wait(_IDLE_WAIT_S)
             commands, self._commands = self._commands, deque()
         for command in commands:
             command()
-        if self._has_work():
+        if self.engine.has_work():
             self._step()
             self._num_steps_untrimmed += 1
             if self._num_steps_untrimmed >= TRIM_EVERY_NUM_STEPS:
@@ -288,20 +263,19 @@ class AsyncEngine:
         release_free_memory()
         self._num_steps_untrimmed = 0
 
-    def _has_work(self) -> bool:
-        """Unfinished requests, or KV copies whose landing a step must record."""
-        engine = self.engine
-        return engine.has_unfinished_requests() or engine.scheduler.kv.num_inflight_transfers > 0
+    def _on_step(self, record: StepRecord) -> None:
+        """The engine's step observer: the step-time metric reads its wall time."""
+        self._last_step = record
 
     def _step(self) -> None:
-        start = time.perf_counter()
+        self._last_step = None
         try:
             outputs = self.engine.step()
         except Exception as error:
             logger.exception("engine step failed; aborting the requests in it")
             self._abort_all(error)
             return
-        elapsed = time.perf_counter() - start
+        elapsed = self._last_step.wall_s if self._last_step is not None else 0.0
         step_time = self.snapshot.step_time_s
         if outputs:
             step_time = (
@@ -343,12 +317,11 @@ class AsyncEngine:
         if request_id not in self._active:
             return  # finished already, or its add failed
         self._active.discard(request_id)
-        request = self.engine.scheduler.requests.get(request_id)
-        self.engine.abort_request(request_id)
+        final = self.engine.abort(request_id)
         if error is not None:
             self._deliver([(request_id, error)])
-        elif request is not None:
-            self._deliver([(request_id, aborted_output(request))])
+        elif final is not None:
+            self._deliver([(request_id, final)])
 
     def _abort_all(self, error: BaseException) -> None:
         for request_id in list(self._active):
@@ -364,32 +337,11 @@ class AsyncEngine:
         self._active.clear()
 
     def _publish(self, step_time_s: float) -> None:
-        scheduler = self.engine.scheduler
-        kv, stats = scheduler.kv, scheduler.stats
-        transfer = self.engine.transfer.stats
-        snapshot = EngineSnapshot(
-            num_running=len(scheduler.running),
-            num_waiting=len(scheduler.waiting),
-            num_swapped=len(scheduler.swapped),
-            waiting_deadlines=tuple(
-                (r.next_deadline(), r.num_uncomputed_tokens) for r in scheduler.waiting
-            ),
-            device_kv_usage=kv.device.usage,
-            host_kv_usage=kv.host.usage,
-            step_time_s=step_time_s,
-            num_steps=stats.num_steps,
-            num_preemptions=stats.num_preemptions,
-            num_swap_outs=stats.num_swap_outs,
-            num_swap_ins=stats.num_swap_ins,
-            transfer_bytes={"d2h": transfer.d2h.num_bytes, "h2d": transfer.h2d.num_bytes},
-            transfer_seconds={"d2h": transfer.d2h.seconds, "h2d": transfer.h2d.seconds},
-            num_device_blocks=kv.device.num_blocks,
-            num_host_blocks=kv.host.num_blocks,
-            prefix_cache_queries=kv.stats.num_prefix_query_tokens,
-            prefix_cache_hits=kv.stats.num_prefix_hit_tokens,
+        snapshot = replace(
+            self.engine.snapshot(), step_time_s=step_time_s,
             num_prompt_tokens=self._num_prompt_tokens,
             num_generation_tokens=self._num_generation_tokens,
-        )
+        )  # fmt: skip
         with self._cond:
             self.snapshot = snapshot
 
@@ -419,15 +371,3 @@ class AsyncEngine:
                 self.on_done(request_id, item, None)
         except Exception:
             logger.exception("on_done callback failed for %s", request_id)
-
-
-def aborted_output(request: Request) -> RequestOutput:
-    """The final output of a request aborted from outside the step loop (a token still
-    being sampled when it was aborted is left out)."""
-    token_ids = [t for t in request.output_token_ids if t != PLACEHOLDER]
-    completion = CompletionOutput(0, "", token_ids, "abort")
-    metrics = metrics_of(request)
-    return RequestOutput(
-        request.request_id, None, request.prompt_token_ids, [completion], finished=True,
-        metrics=metrics,
-    )  # fmt: skip

@@ -1,7 +1,13 @@
 """The synchronous engine: tokenize, schedule, move KV, execute, update, detokenize.
 
-step():  complete finished copies -> schedule(now) -> submit copies, wait for the
-         swap-ins -> forward + sample -> update_from_output(now) -> outputs
+step():  the step protocol (core/step.py: complete finished copies -> schedule(now) ->
+         submit copies, wait for the swap-ins -> forward + sample -> update_from_output,
+         or its pipelined order) -> detokenize, stop strings -> outputs -> step observers
+
+The contract the server, the cluster and the calibration use: `add_request`, `abort` /
+`abort_request`, `step`, `has_unfinished_requests` / `has_work`, `snapshot`,
+`add_step_observer`, and for warm-up and the debug route `rotate_out`, `check_invariants`,
+`debug_report`. Nothing outside `engine/` reads the scheduler, KV manager or runner.
 """
 
 from __future__ import annotations
@@ -9,7 +15,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -17,17 +23,24 @@ from typing import Any
 import torch
 
 from superinfer.config import EngineConfig
-from superinfer.core.kv.manager import TwoTierKVManager
+from superinfer.core.factory import build_scheduler
 from superinfer.core.outputs import ModelOutput, RequestUpdate, SchedulerOutput
-from superinfer.core.policies import create_policy
-from superinfer.core.request import Request, RequestStatus
-from superinfer.core.scheduler import Scheduler
+from superinfer.core.request import PLACEHOLDER, Request, RequestStatus
+from superinfer.core.step import StepBackend, StepLoop
 from superinfer.engine.detokenizer import IncrementalDetokenizer
 from superinfer.engine.kv_cache import KVCacheTiers, bytes_per_block
 from superinfer.engine.load_report import log_loaded
 from superinfer.engine.model_runner import ModelRunner
 from superinfer.engine.native_memory import limit_malloc_arenas
+from superinfer.engine.snapshot import (
+    EngineSnapshot,
+    ForwardRecord,
+    StepRecord,
+    build_debug_report,
+    build_snapshot,
+)
 from superinfer.engine.transfer import create_transfer_engine
+from superinfer.engine.transfer.link_probe import measure_link
 from superinfer.model.dtype import resolve_dtype
 from superinfer.model.loader import load_model
 from superinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -71,6 +84,86 @@ def metrics_of(request: Request, with_token_times: bool = True) -> RequestMetric
     )
 
 
+def aborted_output(request: Request) -> RequestOutput:
+    """The final output of a request aborted from outside the step loop (a token still
+    being sampled when it was aborted is left out)."""
+    token_ids = [t for t in request.output_token_ids if t != PLACEHOLDER]
+    completion = CompletionOutput(0, "", token_ids, "abort")
+    metrics = metrics_of(request)
+    return RequestOutput(
+        request.request_id, None, request.prompt_token_ids, [completion], finished=True,
+        metrics=metrics,
+    )  # fmt: skip
+
+
+StepObserver = Callable[[StepRecord], None]
+
+
+@dataclass
+class _Forward:
+    batch: SchedulerOutput
+    start: float
+    end: float | None = None
+    host_s: float = 0.0
+
+    def finish(self, _: object = None) -> None:
+        self.end = time.perf_counter()
+
+
+class _TimedRunner(StepBackend):
+    """The model runner behind the step protocol, timing each non-empty forward and the
+    time a step blocks on forwards (for the step record)."""
+
+    def __init__(self, runner: ModelRunner, clock: Callable[[], float]) -> None:
+        self.runner, self.clock = runner, clock
+        self.begin()
+
+    def begin(self) -> None:
+        """A step starts."""
+        self.blocked_s = 0.0
+        self.launched: _Forward | None = None  # the forward this step ran or launched
+        self.ended: _Forward | None = None  # the forward whose result this step took
+
+    def execute(self, output: SchedulerOutput) -> tuple[ModelOutput, float]:
+        start = time.perf_counter()
+        model_output = self.runner.execute(output)
+        if not output.is_empty:
+            self.launched = self.ended = _Forward(output, start, time.perf_counter())
+            self.blocked_s = self.ended.end - start
+        return model_output, self.clock()
+
+    def launch(self, output: SchedulerOutput) -> tuple[Future[ModelOutput], _Forward | None]:
+        start = time.perf_counter()
+        future = self.runner.launch(output)
+        forward = None
+        if not output.is_empty:  # its end is stamped on the runner's thread
+            forward = self.launched = _Forward(output, start)
+            future.add_done_callback(forward.finish)
+        return future, forward
+
+    def result(
+        self, output: SchedulerOutput, handle: tuple[Future[ModelOutput], _Forward | None]
+    ) -> tuple[ModelOutput, float]:
+        future, forward = handle
+        start = time.perf_counter()
+        model_output = future.result()
+        self.blocked_s += time.perf_counter() - start
+        if forward is not None:
+            if forward.end is None:  # the done callback has not run yet
+                forward.finish()
+            self.ended = forward
+        return model_output, self.clock()
+
+    def record(self, step_index: int, wall_s: float, num_outputs: int) -> StepRecord:
+        if self.launched is not None:
+            self.launched.host_s = max(0.0, wall_s - self.blocked_s)
+        ended = self.ended
+        forward = None
+        if ended is not None and ended.end is not None:
+            forward = ForwardRecord(ended.batch, ended.end - ended.start, ended.host_s)
+        return StepRecord(step_index, wall_s, num_outputs, forward)
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig | None = None, clock=time.monotonic) -> None:
         self.config = config = config or EngineConfig()
@@ -94,18 +187,18 @@ class LLMEngine:
             self.model_config.head_dim, dtype, self.device,
         )  # fmt: skip
         self.transfer = create_transfer_engine(self.kv_tiers, config.cache.transfer_mode)
-        kv = TwoTierKVManager(
-            num_device_blocks, num_host_blocks, config.cache.block_size,
-            config.cache.enable_prefix_caching,
-        )  # fmt: skip
-        policy = create_policy(config.scheduler.policy, config.scheduler)
-        self.scheduler = Scheduler(config.scheduler, kv, policy)
+        self.scheduler = build_scheduler(
+            config.scheduler, config.cache, num_device_blocks, num_host_blocks
+        )
         self.runner = ModelRunner(
             loaded.model, self.kv_tiers, config.cache.block_size, self.device,
             eos_token_ids=self.eos_token_ids, seed=config.model.seed, transfer=self.transfer,
         )  # fmt: skip
+        self._timed = _TimedRunner(self.runner, clock)
+        self._steps = StepLoop(self.scheduler, self.transfer, self._timed, self.is_pipelined)
+        self._step_observers: list[StepObserver] = []
+        self._num_steps = 0
         self._tracked: dict[str, _Tracked] = {}
-        self._inflight: tuple[SchedulerOutput, Future[ModelOutput]] | None = None
         self._request_ids = itertools.count()
         log_loaded(self)
 
@@ -218,49 +311,67 @@ class LLMEngine:
         self.scheduler.abort_request(request_id, self.clock())
         self._tracked.pop(request_id, None)
 
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Abort a request (its blocks are freed in both tiers); returns its final output,
+        finish_reason "abort", or None if it was not unfinished."""
+        request = self.scheduler.requests.get(request_id)
+        self.abort_request(request_id)
+        return aborted_output(request) if request is not None else None
+
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests or self._inflight is not None
+        return self.scheduler.has_unfinished_requests or self._steps.inflight is not None
+
+    def has_work(self) -> bool:
+        """Unfinished requests, or KV copies whose landing a step must record."""
+        return self.has_unfinished_requests() or self.scheduler.kv.num_inflight_transfers > 0
 
     # --- the step -------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """One scheduler step; returns the outputs of requests that advanced."""
-        if self.is_pipelined:
-            return self._step_pipelined()
-        self.scheduler.complete_transfers(self.transfer.poll_finished())
-        output = self.scheduler.schedule(self.clock())
-        self._move_kv(output)
-        model_output = self.runner.execute(output)
-        updates = self.scheduler.update_from_output(output, model_output, self.clock())
-        return self._processed(updates)
+        start = time.perf_counter()
+        self._timed.begin()
+        outputs = self._processed(self._steps.step(self.clock()))
+        self._observe(time.perf_counter() - start, len(outputs))
+        return outputs
 
-    def _step_pipelined(self) -> list[RequestOutput]:
-        """Schedule step k+1 and start its copies while step k computes, then finish step k
-        and launch step k+1."""
-        self.scheduler.complete_transfers(self.transfer.poll_finished())
-        output = self.scheduler.schedule(self.clock())
-        for spec in output.transfers:
-            self.transfer.submit(spec)
-        updates = self._finish_inflight()
-        self.scheduler.prune(output)
-        if output.swap_in_transfer_ids:
-            self.transfer.wait(output.swap_in_transfer_ids)
-        if output.sequences or output.finished_request_ids:
-            self._inflight = (output, self.runner.launch(output))
-            self.scheduler.advance(output)
-        return self._processed(updates)
+    def _observe(self, wall_s: float, num_outputs: int) -> None:
+        self._num_steps += 1
+        record = self._timed.record(self._num_steps, wall_s, num_outputs)
+        for observer in tuple(self._step_observers):
+            observer(record)
 
-    def _finish_inflight(self) -> list[RequestUpdate]:
-        if self._inflight is None:
-            return []
-        output, future = self._inflight
-        self._inflight = None
-        return self.scheduler.fill(output, future.result(), self.clock())
+    def add_step_observer(self, observer: StepObserver) -> Callable[[], None]:
+        """Call `observer(record)` after every step (on the engine's thread); returns the
+        function that removes it. An observer's error propagates from `step`."""
+        self._step_observers.append(observer)
+        return lambda: self._step_observers.remove(observer)
 
-    def _move_kv(self, output: SchedulerOutput) -> None:
-        for spec in output.transfers:
-            self.transfer.submit(spec)
-        if output.swap_in_transfer_ids:
-            self.transfer.wait(output.swap_in_transfer_ids)
+    # --- state, for the server, warm-up and tests ----------------------------------------
+    def snapshot(self) -> EngineSnapshot:
+        """The load picture now, as plain data (step time and the served token counts are
+        the async engine's to add)."""
+        return build_snapshot(self.scheduler, self.transfer.stats)
+
+    def rotate_out(self, request_id: str) -> bool:
+        """Rotate a running request to the host tier now (warm-up, tests); False if it is
+        not running or the host tier has no room."""
+        return self.scheduler.rotate_out(request_id)
+
+    def measure_kv_link(self, num_blocks: int = 256, repeats: int = 3) -> dict[str, Any]:
+        """Time KV copies between the tiers (calibration): GB/s per direction, per-copy
+        cost, and whether the two directions overlap. Only while no request runs."""
+        if self.has_work():
+            raise RuntimeError("measure_kv_link needs an idle engine")
+        return measure_link(self.transfer, self.kv_tiers, num_blocks, repeats)
+
+    def check_invariants(self) -> None:
+        """Raise KVInvariantError if the queues, block tables or pools disagree."""
+        self.scheduler.check_invariants()
+
+    def debug_report(self) -> dict[str, Any]:
+        """KV ownership per tier and per class, queues and the invariant check (the debug
+        route; call it between steps, on the engine's thread)."""
+        return build_debug_report(self.scheduler)
 
     def _processed(self, updates: list[RequestUpdate]) -> list[RequestOutput]:
         if self.config.check_invariants:
@@ -309,10 +420,7 @@ class LLMEngine:
 
     def close(self) -> None:
         """Finish the step in flight and stop the worker threads."""
-        if self._inflight is not None:
-            self._inflight[1].result()
-            self._inflight = None
-            self.scheduler.kv.end_step_fence()
+        self._steps.abandon()
         self.runner.close()
         self.transfer.close()
 

@@ -10,7 +10,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -19,26 +19,49 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from superinfer.config import EngineConfig
 from superinfer.server.arrival import IngressStamp, arrival_of
-from superinfer.server.debug import engine_report
 from superinfer.server.errors import APIError, bad_request, error_body
+from superinfer.server.front import Front, Rejection
 from superinfer.server.generation import SSEResponse, collect_response, stream_response
 from superinfer.server.prepare import PreparedRequest, error_for_validation
 from superinfer.server.protocol import ChatCompletionRequest, CompletionRequest
-from superinfer.server.state import Rejection, ServerState
+from superinfer.server.state import ServerState
 
 logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 16 << 20
 
 
-GenerateHandler = Callable[[ServerState, Request, type], Awaitable[Response]]
+class AppState(Protocol):
+    """What the routes read of a server: its `Front` and its lifecycle. `ServerState` (one
+    process, server/state.py) and the Ray Serve ingress's `IngressState` provide it."""
+
+    @property
+    def front(self) -> Front: ...
+
+    @property
+    def engine_config(self) -> EngineConfig: ...
+
+    async def boot(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def metrics_text(self) -> bytes: ...
+
+    async def debug_report(self) -> dict[str, Any] | None:
+        """/debug/engine's report; None without an engine in this process."""
+        ...
 
 
-def build_app(state: ServerState, generate: GenerateHandler | None = None) -> IngressStamp:
-    """The ASGI app serving `state`; `generate` answers the two generation routes (default:
-    on this process's engine; the Ray Serve ingress passes one that runs on replicas)."""
-    generate = generate or _generate
+S = TypeVar("S", bound=AppState)
+GenerateHandler = Callable[[S, Request, type], Awaitable[Response]]
+
+
+def build_app(state: S, generate: GenerateHandler[S]) -> IngressStamp:
+    """The ASGI app serving `state`; `generate` answers the two generation routes
+    (`generate_here` on this process's engine; the Ray Serve ingress runs them on replicas)."""
+    front = state.front
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -48,7 +71,7 @@ def build_app(state: ServerState, generate: GenerateHandler | None = None) -> In
         await state.close()
 
     app = FastAPI(title="superinfer", lifespan=lifespan, docs_url=None, redoc_url=None)
-    _add_error_handlers(app, state)
+    _add_error_handlers(app, front)
     _add_info_routes(app, state)
 
     @app.post("/v1/completions")
@@ -59,24 +82,24 @@ def build_app(state: ServerState, generate: GenerateHandler | None = None) -> In
     async def chat_completions(request: Request) -> Response:
         return await generate(state, request, ChatCompletionRequest)
 
-    if state.config.enable_debug_routes:
+    if front.config.enable_debug_routes:
 
         @app.get("/debug/engine")
         async def debug_engine() -> JSONResponse:
-            if state.engine is None:
-                return JSONResponse({"phase": state.phase}, status_code=503)
-            report = await state.engine.call(engine_report)
-            return JSONResponse(
-                {"phase": state.phase, "num_inflight": len(state.inflight), **report}
-            )
+            report = await state.debug_report()
+            if report is None:
+                return JSONResponse({"phase": front.phase}, status_code=503)
+            return JSONResponse({"phase": front.phase, **report})
 
     return IngressStamp(app)
 
 
-def _add_info_routes(app: FastAPI, state: ServerState) -> None:
+def _add_info_routes(app: FastAPI, state: AppState) -> None:
+    front = state.front
+
     @app.get("/health")
     async def health() -> JSONResponse:
-        is_ready, phase = state.health
+        is_ready, phase = front.health
         return JSONResponse(
             {"status": "ok" if is_ready else phase}, status_code=200 if is_ready else 503
         )
@@ -84,15 +107,15 @@ def _add_info_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/v1/models")
     async def models(request: Request) -> JSONResponse:
         try:
-            state.check_auth(request.headers)
+            front.check_auth(request.headers)
         except APIError as error:
-            state.log_refusal(error, request.headers.get("x-request-id"))
+            front.log_refusal(error, request.headers.get("x-request-id"))
             return error.response()
         max_model_len = state.engine_config.scheduler.max_model_len
         cards = [
             {"id": name, "object": "model", "created": 0, "owned_by": "superinfer",
-             "root": state.model_name, "max_model_len": max_model_len}
-            for name in state.model_names
+             "root": front.model_name, "max_model_len": max_model_len}
+            for name in front.model_names
         ]  # fmt: skip
         return JSONResponse({"object": "list", "data": cards})
 
@@ -101,63 +124,65 @@ def _add_info_routes(app: FastAPI, state: ServerState) -> None:
         return Response(await state.metrics_text(), media_type=CONTENT_TYPE_LATEST)
 
 
-def _add_error_handlers(app: FastAPI, state: ServerState) -> None:
+def _add_error_handlers(app: FastAPI, front: Front) -> None:
     """OpenAI-style bodies for the errors raised outside the routes, each logged once."""
 
     @app.exception_handler(RequestValidationError)
     async def on_validation(request: Request, error: RequestValidationError) -> JSONResponse:
         api_error = error_for_validation(error)
-        state.log_refusal(api_error, request.headers.get("x-request-id"))
+        front.log_refusal(api_error, request.headers.get("x-request-id"))
         return api_error.response()
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http(request: Request, error: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code, "http_error")
         message = f"{error.detail} ({request.method} {request.url.path})"
-        state.log_refusal(APIError(error.status_code, message, code), None)
+        front.log_refusal(APIError(error.status_code, message, code), None)
         body = error_body(error.status_code, str(error.detail), code)
         return JSONResponse(body, status_code=error.status_code, headers=error.headers)
 
     @app.exception_handler(Exception)
     async def on_error(request: Request, error: Exception) -> JSONResponse:
-        state.error_log.log(logging.ERROR, "internal_error", "500 internal_error in %s %s",
+        front.error_log.log(logging.ERROR, "internal_error", "500 internal_error in %s %s",
                             request.method, request.url.path, exc_info=error)  # fmt: skip
         return JSONResponse(
             error_body(500, "internal server error", "internal_error"), status_code=500
         )
 
 
-async def _generate(state: ServerState, request: Request, body_type: type) -> Response:
-    """Check, admit and run one completion or chat completion request."""
+async def generate_here(state: ServerState, request: Request, body_type: type) -> Response:
+    """Check, admit and run one completion or chat completion request on this process's
+    engine."""
+    front = state.front
     arrival = arrival_of(request.scope)
     rejection = Rejection(arrival, request_id=request.headers.get("x-request-id"))
     try:
-        prepared, expected_tokens = await prepare_request(state, request, body_type, rejection)
-        stream, inflight = state.admit(prepared, arrival, expected_tokens)
+        prepared, expected_tokens = await prepare_request(front, request, body_type, rejection)
+        stream, inflight = state.host.admit(prepared, arrival, expected_tokens)
     except APIError as error:
-        state.reject(error, rejection)
+        front.reject(error, rejection)
         return error.response()
     if prepared.stream:
         events = stream_response(state, stream, inflight, body_type is ChatCompletionRequest)
-        return SSEResponse(events, lambda: state.abort(inflight, "client_disconnected"))
+        return SSEResponse(events, lambda: state.host.abort(inflight, "client_disconnected"))
     return await collect_response(
         state, stream, inflight, body_type is ChatCompletionRequest, request
     )
 
 
 async def prepare_request(
-    state: ServerState, request: Request, body_type: type, rejection: Rejection
+    front: Front, request: Request, body_type: type, rejection: Rejection
 ) -> tuple[PreparedRequest, int]:
     """Auth, readiness, body, model and SLO checks (raise APIError); returns the prepared
     request and the output tokens the deadline estimate assumes. Fills `rejection` with
     what is known, for the record of a request rejected later."""
-    state.check_auth(request.headers)
-    state.check_ready()
+    front.check_auth(request.headers)
+    front.check_ready()
     body = _parse(body_type, await _read_json(request))
     rejection.request_id = body.request_id or rejection.request_id
-    state.check_model(body.model)
-    assert state.preparer is not None
-    prepared = state.preparer.prepare(body, request.headers, rejection.arrival)
+    front.check_model(body.model)
+    assert front.preparer is not None
+    prepared = front.preparer.prepare(body, request.headers, rejection.arrival)
     rejection.targets, rejection.priority = prepared.slo.targets, prepared.priority
     rejection.num_prompt_tokens = len(prepared.prompt_token_ids)
     return prepared, _expected_tokens(body, prepared)

@@ -15,7 +15,6 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from superinfer.core.request import PLACEHOLDER
 from superinfer.engine.async_engine import RequestStream
 from superinfer.outputs import RequestOutput
 from superinfer.server.errors import error_body
@@ -98,10 +97,10 @@ def _with_usage(
 
 
 def _num_output(output: RequestOutput | None) -> int:
-    """Output tokens so far (not counting a token still being sampled)."""
+    """Output tokens so far (an engine output never holds a token still being sampled)."""
     if output is None:
         return 0
-    return sum(1 for token in output.outputs[0].token_ids if token != PLACEHOLDER)
+    return len(output.outputs[0].token_ids)
 
 
 async def collect_response(

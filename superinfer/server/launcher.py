@@ -14,7 +14,7 @@ from types import FrameType
 import uvicorn
 
 from superinfer.config import EngineConfig
-from superinfer.server.app import build_app
+from superinfer.server.app import build_app, generate_here
 from superinfer.server.config import ServerConfig
 from superinfer.server.state import ServerState
 from superinfer.slo.classes import SLOConfig
@@ -76,7 +76,7 @@ def run_server(
                         model_name_of(engine_config, server_config))  # fmt: skip
     # log_config=None: uvicorn's lines go through the root logger (superinfer.logs's format)
     config = uvicorn.Config(
-        build_app(state), host=server_config.host, port=server_config.port,
+        build_app(state, generate_here), host=server_config.host, port=server_config.port,
         log_level=server_config.uvicorn_log_level or server_config.log_level, log_config=None,
         access_log=False, lifespan="on", timeout_graceful_shutdown=5, timeout_keep_alive=30,
     )  # fmt: skip

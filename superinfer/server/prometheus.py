@@ -21,7 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from superinfer.config import EngineConfig
-from superinfer.engine.async_engine import EngineSnapshot
+from superinfer.engine.snapshot import EngineSnapshot
 from superinfer.slo.metrics import CAPACITY_REJECTIONS, FINISHED, SLOReport
 
 F = TypeVar("F", GaugeMetricFamily, CounterMetricFamily)

@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from superinfer.engine.async_engine import EngineSnapshot
+from superinfer.engine.snapshot import EngineSnapshot
 from superinfer.slo.metrics import SLOReport, attainment
 
 logger = logging.getLogger(__name__)

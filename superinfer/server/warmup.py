@@ -3,7 +3,9 @@ and a KV rotation round trip through the host tier (swapped out mid-decode, swap
 in, and its greedy tokens must equal the undisturbed run's). It also measures the prefill
 cost per token and the decode step time that admission estimates start from.
 
-Runs on the engine thread (`AsyncEngine.call`), before any user request is accepted.
+Runs on the engine thread (`AsyncEngine.call`), before any user request is accepted, and
+uses only the engine's public contract (steps, its step observer, snapshot, rotate_out,
+check_invariants, debug_report).
 """
 
 from __future__ import annotations
@@ -12,9 +14,8 @@ import logging
 import time
 from dataclasses import dataclass
 
-from superinfer.core.request import PLACEHOLDER
-from superinfer.core.scheduler import Scheduler
 from superinfer.engine.llm_engine import LLMEngine
+from superinfer.engine.snapshot import StepRecord
 from superinfer.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -85,35 +86,34 @@ def _generate(
     """Greedy tokens of `prompt` and the mean decode step time; with `rotate_after`, the
     request is rotated to the host tier after that many tokens and must come back."""
     engine.add_request({"prompt_token_ids": prompt}, _greedy(_NUM_TOKENS), request_id)
-    num_swap_ins = engine.scheduler.stats.num_swap_ins
+    num_swap_ins = engine.snapshot().num_swap_ins
     tokens: list[int] = []
     step_times: list[float] = []
+    records: list[StepRecord] = []
+    remove_observer = engine.add_step_observer(records.append)
     is_rotated = rotate_after is None
-    for _ in range(_MAX_STEPS):
-        start = time.perf_counter()
-        outputs = [o for o in engine.step() if o.request_id == request_id]
-        if not outputs:
-            time.sleep(0.001)  # a KV copy in flight
-            continue
-        step_times.append(time.perf_counter() - start)
-        (output,) = outputs
-        tokens = [t for t in output.outputs[0].token_ids if t != PLACEHOLDER]
-        if output.finished:
-            break
-        if not is_rotated and len(tokens) >= rotate_after:
-            if not rotate_out(engine.scheduler, request_id):
-                raise WarmupError("could not rotate the warm-up request to the host tier")
-            is_rotated = True
-    else:
-        raise WarmupError(f"warm-up request {request_id} did not finish")
-    if rotate_after is not None and engine.scheduler.stats.num_swap_ins != num_swap_ins + 1:
+    try:
+        for _ in range(_MAX_STEPS):
+            outputs = [o for o in engine.step() if o.request_id == request_id]
+            if not outputs:
+                time.sleep(0.001)  # a KV copy in flight
+                continue
+            step_times.append(records[-1].wall_s)
+            (output,) = outputs
+            tokens = output.outputs[0].token_ids
+            if output.finished:
+                break
+            if not is_rotated and len(tokens) >= rotate_after:
+                if not engine.rotate_out(request_id):
+                    raise WarmupError("could not rotate the warm-up request to the host tier")
+                is_rotated = True
+        else:
+            raise WarmupError(f"warm-up request {request_id} did not finish")
+    finally:
+        remove_observer()
+    if rotate_after is not None and engine.snapshot().num_swap_ins != num_swap_ins + 1:
         raise WarmupError("the warm-up request did not come back from the host tier")
     return tokens, _mean(step_times[1:] or step_times)
-
-
-def rotate_out(scheduler: Scheduler, request_id: str) -> bool:
-    """Swap a running request's KV to the host tier now; False if it cannot go."""
-    return scheduler.rotate_out(request_id)
 
 
 def _run_until_done(engine: LLMEngine, request_id: str) -> None:
@@ -125,13 +125,13 @@ def _run_until_done(engine: LLMEngine, request_id: str) -> None:
 
 def _check_clean(engine: LLMEngine) -> None:
     """Every warm-up block released in both tiers once the copies have landed."""
-    scheduler = engine.scheduler
     for _ in range(_MAX_STEPS):
-        if not scheduler.kv.num_inflight_transfers:
+        if not engine.snapshot().num_inflight_transfers:
             break
         _step_or_wait(engine)
-    scheduler.check_invariants()
-    if scheduler.has_unfinished_requests or scheduler.kv.tables:
+    engine.check_invariants()
+    report = engine.debug_report()
+    if report["num_unfinished"] or report["num_block_tables"]:
         raise WarmupError("warm-up requests left KV blocks behind")
 
 

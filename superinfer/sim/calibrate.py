@@ -68,89 +68,39 @@ class CalibrationOptions:
 
 
 class StepTimer:
-    """Times an engine's steps: the forward of each batch and the host work around it.
+    """The forward of each batch and the host work around it, from the engine's step
+    observer (`LLMEngine.add_step_observer`; see `ForwardRecord`).
 
-    Without the pipeline it wraps the runner's `execute` (forward = its duration, host =
-    the rest of `step`). With the pipeline it wraps `launch`: a forward runs from its launch
-    until its future completes, on the runner's thread, while the engine schedules the next
-    step, so the time includes whatever that overlap costs; host = the time `step` spent
-    not blocked on a forward.
+    Without the pipeline, forward = the runner's `execute`, host = the rest of the step.
+    With the pipeline, a forward runs from its launch until its result is ready, on the
+    runner's thread, while the engine schedules the next step, so the time includes
+    whatever that overlap costs; host = the time the launching step spent not blocked on
+    a forward.
     """
 
     def __init__(self, engine) -> None:
         self.engine = engine
         self.is_pipelined = engine.is_pipelined
-        self._timed: list[_TimedStep] = []
-        self._current: _TimedStep | None = None
-        self._blocked_s = 0.0
-        runner = engine.runner
-        if self.is_pipelined:
-            self._launch = runner.launch
-            runner.launch = self._timed_launch
-        else:
-            self._execute = runner.execute
-            runner.execute = self._timed_execute
+        self._samples: list[StepSample] = []
+        engine.add_step_observer(self._observe)
 
-    def _timed_execute(self, output):
-        start = time.perf_counter()
-        model_output = self._execute(output)
-        if not output.is_empty:
-            self._current = _TimedStep(BatchShape.of(output), start, time.perf_counter())
-            self._blocked_s = self._current.end - start
-        return model_output
-
-    def _timed_launch(self, output):
-        start = time.perf_counter()
-        future = self._launch(output)
-        if not output.is_empty:
-            timed = self._current = _TimedStep(BatchShape.of(output), start)
-            future.add_done_callback(lambda _: timed.finish())
-        return _WaitTimer(future, self)
+    def _observe(self, record) -> None:
+        forward = record.forward
+        if forward is not None:
+            self._samples.append(
+                StepSample(BatchShape.of(forward.batch), forward.forward_s, forward.host_s)
+            )
 
     def step(self) -> list:
-        """One `engine.step()`, timed; returns its outputs."""
-        self._current, self._blocked_s = None, 0.0
-        start = time.perf_counter()
-        outputs = self.engine.step()
-        if self._current is not None:
-            self._current.host_s = max(0.0, time.perf_counter() - start - self._blocked_s)
-            self._timed.append(self._current)
-        return outputs
+        """One `engine.step()`; returns its outputs."""
+        return self.engine.step()
 
     @property
     def samples(self) -> list[StepSample]:
-        return [t.sample() for t in self._timed if t.end is not None]
+        return list(self._samples)
 
     def clear(self) -> None:
-        self._timed = []
-
-
-@dataclass
-class _TimedStep:
-    batch: BatchShape
-    start: float
-    end: float | None = None
-    host_s: float = 0.0
-
-    def finish(self) -> None:
-        self.end = time.perf_counter()
-
-    def sample(self) -> StepSample:
-        return StepSample(self.batch, self.end - self.start, self.host_s)
-
-
-class _WaitTimer:
-    """A runner future whose `result()` adds the time it blocked to the timer's count."""
-
-    def __init__(self, future, timer: StepTimer) -> None:
-        self._future, self._timer = future, timer
-
-    def result(self, timeout: float | None = None):
-        start = time.perf_counter()
-        try:
-            return self._future.result(timeout)
-        finally:
-            self._timer._blocked_s += time.perf_counter() - start
+        self._samples = []
 
 
 def build_engine(options: CalibrationOptions):
@@ -259,46 +209,6 @@ def collect_samples(
     return grid, served
 
 
-def measure_link(engine, num_blocks: int = 256, repeats: int = 3) -> dict:
-    """Time KV copies on the engine's transfer engine: GB/s per direction, per-copy cost,
-    and whether the two directions overlap."""
-    from superinfer.core.kv.transfer import Direction, TransferSpec
-
-    transfer, block_bytes = engine.transfer, engine.kv_tiers.bytes_per_block
-    num_blocks = min(
-        num_blocks, engine.kv_tiers.device.shape[0] // 2, engine.kv_tiers.host.shape[0] // 2
-    )
-
-    def timed(*specs: TransferSpec) -> float:
-        start = time.perf_counter()
-        for spec in specs:
-            transfer.submit(spec)
-        transfer.wait([s.transfer_id for s in specs])
-        transfer.poll_finished()
-        return time.perf_counter() - start
-
-    def spec(direction: Direction, stride: int) -> TransferSpec:
-        blocks = tuple(range(0, num_blocks * stride, stride))[: num_blocks // stride]
-        return TransferSpec(direction, blocks, blocks)
-
-    def median(make) -> float:
-        return statistics.median(timed(*make()) for _ in range(repeats))
-
-    one_run = median(lambda: [spec(Direction.D2H, 1)])
-    scattered = median(lambda: [spec(Direction.D2H, 2)])  # num_blocks/2 runs of one block
-    both = median(lambda: [spec(Direction.D2H, 1), spec(Direction.H2D, 1)])
-    num_bytes = num_blocks * block_bytes
-    gbps = num_bytes / one_run / 1e9
-    num_runs = num_blocks // 2
-    overhead = max(0.0, (scattered - (num_runs * block_bytes) / (gbps * 1e9)) / num_runs)
-    return {
-        "gbps_per_direction": round(gbps, 3),
-        "copy_overhead_s": overhead,
-        "is_full_duplex": both < 1.5 * one_run,
-        "both_directions_over_one": round(both / one_run, 3),
-        "bytes_per_block": block_bytes,
-    }
-
 
 def torch_threads() -> int:
     import torch
@@ -311,7 +221,7 @@ def calibrate(options: CalibrationOptions) -> FittedPredictor:
     try:
         started = time.perf_counter()
         grid, served = collect_samples(engine, options)
-        link = measure_link(engine)
+        link = engine.measure_kv_link()
     finally:
         engine.close()
     meta = {

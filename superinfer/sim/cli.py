@@ -8,7 +8,8 @@ import json
 import sys
 from typing import Any
 
-from superinfer.sim.config import SimConfig, WorkloadConfig
+from superinfer.config import CacheConfig, SchedulerConfig
+from superinfer.sim.config import SIM_FLAG_OVERRIDES, SimConfig, WorkloadConfig
 
 DEFAULT_CALIBRATION_PATH = "superinfer/sim/profiles/cpu_smollm2.json"
 
@@ -25,6 +26,8 @@ def add_simulate_parser(sub: Any) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_config_flags(parser, SimConfig, "simulated system")
+    add_config_flags(parser, SchedulerConfig, "scheduler (the engine's)", SIM_FLAG_OVERRIDES)
+    add_config_flags(parser, CacheConfig, "KV cache (the engine's)", SIM_FLAG_OVERRIDES)
     add_config_flags(parser, WorkloadConfig, "workload")
     parser.add_argument("--output", help="write the result JSON here")
     parser.add_argument(
@@ -63,17 +66,34 @@ def _config(config_type: type, args: argparse.Namespace) -> Any:
     return config_type(**{f.name: getattr(args, f.name) for f in dataclasses.fields(config_type)})
 
 
+def sim_config_from_args(args: argparse.Namespace) -> SimConfig:
+    """The simulated system of `superinfer simulate`'s flags, the nested configs' included."""
+    names = [
+        f.name for config_type in (SimConfig, SchedulerConfig, CacheConfig)
+        for f in dataclasses.fields(config_type) if f.metadata.get("is_cli", True)
+    ]  # fmt: skip
+    return SimConfig(**{name: getattr(args, name) for name in names})
+
+
 def build_workload(workload: WorkloadConfig):
     from superinfer.sim.workload import sharegpt_workload, synthetic_workload
+    from superinfer.slo.classes import class_sequence, parse_class_mix
 
     if workload.dataset == "synthetic":
         count = workload.num_requests or round(workload.request_rate * workload.duration)
-        return synthetic_workload(
+        requests = synthetic_workload(
             workload.request_rate, count, _range(workload.synthetic_prompt_tokens),
             _range(workload.synthetic_output_tokens), workload.seed,
         )  # fmt: skip
-    return sharegpt_workload(workload.request_rate, workload.duration, workload.num_requests,
-                             workload.seed, workload.limits)  # fmt: skip
+    else:
+        requests = sharegpt_workload(
+            workload.request_rate, workload.duration, workload.num_requests, workload.seed,
+            workload.limits,
+        )  # fmt: skip
+    if workload.slo_classes is None:
+        return requests
+    names = class_sequence(len(requests), parse_class_mix(workload.slo_classes), workload.seed)
+    return [dataclasses.replace(r, slo_class=name) for r, name in zip(requests, names)]
 
 
 def _range(text: str) -> tuple[int, int]:
@@ -85,7 +105,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     from superinfer.sim.results import result_json
     from superinfer.sim.simulation import simulate
 
-    config, workload = _config(SimConfig, args), _config(WorkloadConfig, args)
+    config, workload = sim_config_from_args(args), _config(WorkloadConfig, args)
     run = simulate(config, build_workload(workload))
     result = result_json(
         run, dataclasses.asdict(workload), is_token_times=args.records == "full",

@@ -1,13 +1,16 @@
 """The simulated engine: the real `core` scheduler, KV manager and policy, driven in
 virtual time by a predicted-time model runner and a `SimTransferEngine`.
 
-Its step mirrors `superinfer.engine.llm_engine.LLMEngine.step`:
+Its step is `LLMEngine.step`'s: the same `core.step.StepLoop` in two events, with this
+engine as the `StepBackend` (predicted forward times, virtual clock):
 
-    without the pipeline   schedule(t) -> submit copies -> forward starts once the host work
-                           is done and the swap-ins landed -> update_from_output at its end
-    with the pipeline      schedule step k+1 at t while step k computes -> submit copies ->
-                           fill step k when its forward ends -> prune k+1 -> launch it once
-                           its swap-ins landed (advance) -> the loop comes round at once
+    without the pipeline   EngineStep(t): begin_step (schedule at t, submit copies); the
+                           forward starts once the host work is done and the swap-ins landed
+                           StepDone(its end): finish_step (update_from_output then)
+    with the pipeline      EngineStep(t): begin_step (schedule step k+1 while step k computes)
+                           StepLaunch(once k+1's swap-ins landed): finish_step (fill step k
+                           when its forward ended, prune k+1, launch it) -> the loop comes
+                           round at once
 
 Arrivals wait in an inbox until the loop comes round (the benchmark replay adds them
 between steps); finished copies are polled at the start of each step. An engine with
@@ -19,9 +22,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from superinfer.core.outputs import SchedulerOutput
+from superinfer.core.outputs import ModelOutput, SchedulerOutput
 from superinfer.core.request import Request
 from superinfer.core.scheduler import Scheduler
+from superinfer.core.step import StepBackend, StepLoop
 from superinfer.sim.events import EngineStep, Event, StepDone, StepLaunch
 from superinfer.sim.runner import SimModelRunner
 from superinfer.sim.transfer import SimTransferEngine
@@ -39,6 +43,29 @@ class UsageSample:
     host_usage: float
     num_swap_outs: int
     num_preemptions: int
+
+
+class PredictedForwards(StepBackend):
+    """Forwards that take predicted time; the simulated engine sets the virtual times of the
+    event that finishes a step (`now`, and `fill_time` with the pipeline) before it."""
+
+    def __init__(self, runner: SimModelRunner, transfer: SimTransferEngine) -> None:
+        self.runner, self.transfer = runner, transfer
+        self.now = self.fill_time = 0.0
+
+    def execute(self, output: SchedulerOutput) -> tuple[ModelOutput, float]:
+        """The forward ends now (its duration was predicted when it was scheduled)."""
+        return self.runner.execute(output), self.now
+
+    def launch(self, output: SchedulerOutput) -> float:
+        """Start it now; the handle is its predicted end, which later D2H copies wait for."""
+        end = self.now + self.runner.duration(output)
+        self.transfer.record_compute(end)
+        return end
+
+    def result(self, output: SchedulerOutput, handle: float) -> tuple[ModelOutput, float]:
+        """Filled in once the forward and the next step's host work are both done."""
+        return self.runner.execute(output), self.fill_time
 
 
 class SimEngine:
@@ -60,7 +87,8 @@ class SimEngine:
         self.timeline: list[UsageSample] = []
         self.rejected: list[Request] = []
         self._inbox: list[Request] = []
-        self._inflight: tuple[SchedulerOutput, float] | None = None  # (step, forward end)
+        self.forwards = PredictedForwards(runner, transfer)
+        self.steps = StepLoop(scheduler, transfer, self.forwards, is_pipelined)
         self._is_busy = False  # an engine event is in the heap
         self._next_sample = 0.0
 
@@ -96,14 +124,10 @@ class SimEngine:
     # --- the step -------------------------------------------------------------------------
     def step(self, now: float) -> list[Event]:
         """The loop comes round: take arrivals and finished copies, schedule, copy."""
-        scheduler = self.scheduler
         for request in self._inbox:
-            scheduler.add_request(request)
+            self.scheduler.add_request(request)
         self._inbox = []
-        scheduler.complete_transfers(self.transfer.poll_finished())
-        output = scheduler.schedule(now)
-        for spec in output.transfers:
-            self.transfer.submit(spec)
+        output = self.steps.begin_step(now)
         host_done = now + self.runner.host_time(output)
         if self.is_pipelined:
             return self._after_schedule_pipelined(now, output, host_done)
@@ -117,34 +141,27 @@ class SimEngine:
         return [StepDone(end, output)]
 
     def finish_step(self, now: float, output: SchedulerOutput) -> list[Event]:
-        self.transfer.wait(output.swap_in_transfer_ids)
-        self.scheduler.update_from_output(output, self.runner.execute(output), now)
+        """Without the pipeline: the forward of `output` ends at `now`."""
+        self.forwards.now = now
+        self.steps.finish_step(output)
         self._after_update(now)
         return [EngineStep(now)]
 
     def _after_schedule_pipelined(
         self, now: float, output: SchedulerOutput, host_done: float
     ) -> list[Event]:
-        if self._inflight is None and output.is_empty and not output.finished_request_ids:
+        inflight = self.steps.inflight
+        if inflight is None and output.is_empty and not output.finished_request_ids:
             return self._idle()
-        fill_time = max(host_done, self._inflight[1]) if self._inflight else host_done
+        fill_time = max(host_done, inflight[1]) if inflight else host_done
         start = max(fill_time, self.transfer.ready_time(output.swap_in_transfer_ids))
         return [StepLaunch(start, output, fill_time)]
 
     def launch(self, now: float, output: SchedulerOutput, fill_time: float) -> list[Event]:
-        """Fill the step in flight (at `fill_time`), then launch `output` at `now`."""
-        scheduler = self.scheduler
-        if self._inflight is not None:
-            previous = self._inflight[0]
-            self._inflight = None
-            scheduler.fill(previous, self.runner.execute(previous), fill_time)
-        scheduler.prune(output)
-        self.transfer.wait(output.swap_in_transfer_ids)
-        if output.sequences or output.finished_request_ids:
-            end = now + self.runner.duration(output)
-            self._inflight = (output, end)
-            self.transfer.record_compute(end)
-            scheduler.advance(output)
+        """With the pipeline: fill the step in flight (at `fill_time`), launch `output` at
+        `now`."""
+        self.forwards.now, self.forwards.fill_time = now, fill_time
+        self.steps.finish_step(output)
         self._after_update(now)
         return [EngineStep(now)]
 
@@ -173,7 +190,7 @@ class SimEngine:
         return (
             bool(self._inbox)
             or self.scheduler.has_unfinished_requests
-            or self._inflight is not None
+            or self.steps.inflight is not None
         )
 
     def abort_all(self, now: float) -> list[Request]:
@@ -182,8 +199,6 @@ class SimEngine:
         self._inbox = []
         for request_id in list(self.scheduler.requests):
             aborted.append(self.scheduler.abort_request(request_id, now))
-        if self._inflight is not None:
-            self._inflight = None
-            self.scheduler.kv.end_step_fence()
+        self.steps.abandon()
         self.scheduler.complete_transfers(self.transfer.drain())
         return aborted

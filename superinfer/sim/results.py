@@ -93,6 +93,8 @@ def request_dict(record: RequestRecord, is_token_times: bool) -> dict[str, Any]:
     }  # fmt: skip
     if record.rejection_reason:
         row["rejection_reason"] = record.rejection_reason
+    if record.targets.slo_class is not None:
+        row["slo_class"] = record.targets.slo_class
     if is_token_times:
         row["token_times"] = [round(t, 6) for t in record.token_times]
     return row
@@ -127,26 +129,30 @@ def result_json(
     is_records: bool = True,
 ) -> dict[str, Any]:
     """Everything about a run: configuration, targets, summary, counters, records."""
-    system = run.system
+    system, config = run.system, run.system.config
     records = records_of(run)
     predictor = system.predictor.describe()
     result = {
         "hardware": system.hardware.name, "model": system.model.name,
-        "policy": system.config.policy, "transfer_mode": system.config.transfer_mode,
+        "policy": config.scheduler.policy, "transfer_mode": config.cache.transfer_mode,
         "targets": targets_dict(system.targets), **summarize(records), **run_stats(run),
         "sim_wall_s": run.wall_s,
         "system": {
             "num_device_blocks": system.num_device_blocks, "num_host_blocks": system.num_host_blocks,
             "max_model_len": system.max_model_len,
-            "kv_bytes_per_block": system.model.kv_bytes_per_block(system.config.block_size),
+            "kv_bytes_per_block": system.model.kv_bytes_per_block(config.cache.block_size),
             "num_params": system.model.num_params, "num_active_params": system.model.num_active_params,
         },
-        "config": asdict(system.config), "workload": workload or {},
+        "config": config.to_flat(), "workload": workload or {},
         "hardware_profile": asdict(system.hardware), "predictor": predictor,
         "step_noise": system.noise.to_dict(),
     }  # fmt: skip
     if run.engine.timeline:
         result["timeline"] = [asdict(s) for s in run.engine.timeline]
+    by_class = {c: [r for r in records if r.targets.slo_class == c] for c in system.slo.class_names}
+    if any(by_class.values()):  # requests put in classes (--slo-classes): each one's summary
+        result["classes"] = {c: {"targets": targets_dict(rs[0].targets), **summarize(rs)}
+                             for c, rs in by_class.items() if rs}  # fmt: skip
     if is_records:
         result["records"] = [request_dict(r, is_token_times) for r in records]
     return result

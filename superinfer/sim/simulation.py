@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from superinfer.config import SchedulerConfig
-from superinfer.core.kv.manager import TwoTierKVManager
-from superinfer.core.policies import create_policy
+from superinfer.config import CacheConfig
+from superinfer.core.factory import build_scheduler
 from superinfer.core.request import Request
-from superinfer.core.scheduler import Scheduler
 from superinfer.sampling_params import SamplingParams
 from superinfer.sim.config import SimConfig
 from superinfer.sim.engine import SimEngine
@@ -27,8 +25,8 @@ from superinfer.sim.runner import SimModelRunner
 from superinfer.sim.transfer import LinkModel, SimTransferEngine
 from superinfer.sim.workload import SimRequest
 from superinfer.slo import SLOTargets
+from superinfer.slo.classes import SLOConfig, load_slo_config
 
-PAPER_HOST_POOL_GIB = 400.0
 TOKEN_STRIDE = 1 << 20  # prompt token ids of request i start at i * stride: no shared prefixes
 
 
@@ -45,6 +43,7 @@ class SimSystem:
     num_host_blocks: int
     max_model_len: int
     noise: NoiseParams  # step-time noise (exact: none)
+    slo: SLOConfig = field(default_factory=SLOConfig)  # the classes of --slo-config
 
 
 @dataclass
@@ -70,21 +69,31 @@ def build_system(config: SimConfig, predictor: StepTimePredictor | None = None) 
     hardware = calibrated_link(hardware, predictor)
     if config.link_gbps is not None or config.half_duplex:
         hardware = hardware.with_link(config.link_gbps, False if config.half_duplex else None)
-    block_bytes = model.kv_bytes_per_block(config.block_size)
-    num_device = config.num_device_blocks
+    cache = config.cache
+    block_bytes = model.kv_bytes_per_block(cache.block_size)
+    num_device = cache.num_device_blocks
     if num_device is None:
-        num_device = int(hardware.num_device_kv_bytes(model.weight_bytes) // block_bytes)
-    host_gib = config.host_kv_gib
-    if host_gib is None:
-        host_gib = hardware.default_host_kv_gib
-    if host_gib is None:
-        host_gib = min(PAPER_HOST_POOL_GIB, 0.9 * hardware.host_memory_gb * 1e9 / GIB)
+        num_device = int(device_pool_bytes(cache, hardware, model.weight_bytes) // block_bytes)
+    num_host = cache.num_host_blocks
+    if num_host is None:
+        num_host = int(cache.host_kv_gib * GIB // block_bytes)
     return SimSystem(
         config, hardware, model, predictor,
         resolve_targets(model, hardware, config.ttft_slo_ms, config.tbt_slo_ms),
-        num_device, int(host_gib * GIB // block_bytes), config.max_model_len or model.max_model_len,
-        step_noise(config, predictor),
+        num_device, num_host, config.scheduler.max_model_len, step_noise(config, predictor),
+        load_slo_config(config.slo_config),
     )  # fmt: skip
+
+
+def device_pool_bytes(cache: CacheConfig, hardware: HardwareProfile, weight_bytes: int) -> float:
+    """The engine's precedence: --kv-cache-memory-bytes, else what the weights and activations
+    leave of --gpu-memory-utilization of the device memory, else --device-kv-gib."""
+    if cache.kv_cache_memory_bytes is not None:
+        return cache.kv_cache_memory_bytes
+    if cache.gpu_memory_utilization is not None:
+        share = cache.gpu_memory_utilization
+        return replace(hardware, gpu_memory_utilization=share).num_device_kv_bytes(weight_bytes)
+    return cache.device_kv_gib * GIB
 
 
 def step_noise(config: SimConfig, predictor: StepTimePredictor) -> NoiseParams:
@@ -132,23 +141,17 @@ def is_pipelined(system: SimSystem) -> bool:
 def build_engine(system: SimSystem, loop: EventLoop) -> SimEngine:
     config = system.config
     pipeline = is_pipelined(system)
-    scheduler_config = SchedulerConfig(
-        max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
-        max_model_len=system.max_model_len, policy=config.policy,
-        rotation_budget=config.rotation_budget, pipeline=pipeline,
+    scheduler = build_scheduler(
+        replace(config.scheduler, pipeline=pipeline), config.cache, system.num_device_blocks,
+        system.num_host_blocks,
     )  # fmt: skip
-    kv = TwoTierKVManager(
-        system.num_device_blocks, system.num_host_blocks, config.block_size,
-        config.enable_prefix_caching,
-    )  # fmt: skip
-    scheduler = Scheduler(scheduler_config, kv, create_policy(config.policy, scheduler_config))
     hardware, model = system.hardware, system.model
     link = LinkModel(
         hardware.link_gbps_per_direction, hardware.is_full_duplex, hardware.copy_overhead_s,
-        model.kv_bytes_per_block(config.block_size), model.num_kv_pieces_per_block(),
+        model.kv_bytes_per_block(config.cache.block_size), model.num_kv_pieces_per_block(),
     )  # fmt: skip
     transfer = SimTransferEngine(
-        link, config.transfer_mode, lambda: loop.now,
+        link, config.cache.transfer_mode, lambda: loop.now,
         lambda transfer_id, end: loop.post(TransferDone(end, transfer_id)),
     )  # fmt: skip
     noise = None if system.noise.is_exact else StepNoise(system.noise, config.noise_seed)
@@ -171,6 +174,20 @@ def make_request(index: int, spec: SimRequest, targets: SLOTargets) -> Request:
     )
 
 
+def class_targets(system: SimSystem) -> dict[str | None, SLOTargets]:
+    """Each class's targets, --ttft-slo-ms / --tbt-slo-ms overriding them as at a benchmark's
+    client; None (a request without a class): the profile's targets."""
+    config = system.config
+    targets: dict[str | None, SLOTargets] = {None: system.targets}
+    for slo_class in system.slo.classes:
+        t = slo_class.targets()
+        targets[slo_class.name] = replace(
+            t, ttft_ms=t.ttft_ms if config.ttft_slo_ms is None else config.ttft_slo_ms,
+            tbt_ms=t.tbt_ms if config.tbt_slo_ms is None else config.tbt_slo_ms,
+        )  # fmt: skip
+    return targets
+
+
 def simulate(
     config: SimConfig, workload: Sequence[SimRequest], predictor: StepTimePredictor | None = None
 ) -> SimRun:
@@ -179,7 +196,14 @@ def simulate(
     system = build_system(config, predictor)
     loop = EventLoop()
     engine = build_engine(system, loop)
-    requests = [make_request(i, spec, system.targets) for i, spec in enumerate(workload)]
+    targets = class_targets(system)
+    requests = []
+    for i, spec in enumerate(workload):
+        if spec.slo_class not in targets:
+            raise ValueError(
+                f"unknown SLO class {spec.slo_class!r}; configured: {system.slo.class_names}"
+            )
+        requests.append(make_request(i, spec, targets[spec.slo_class]))
     for request in requests:
         loop.post(Arrival(request.arrival_time, request))
     last_arrival = max((r.arrival_time for r in requests), default=0.0)

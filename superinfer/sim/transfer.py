@@ -90,9 +90,10 @@ class SimTransferEngine(TransferEngine):
         if self.on_submit is not None:
             self.on_submit(spec.transfer_id, end)
 
-    def record_compute(self, forward_end: float) -> None:
-        """A forward ending at `forward_end` was launched: later D2H copies wait for it."""
-        self._compute_fence = forward_end
+    def record_compute(self, forward_end: object | None = None) -> None:
+        """A forward ending at `forward_end` (virtual seconds) was launched: later D2H
+        copies wait for it. None: nothing to wait for."""
+        self._compute_fence = 0.0 if forward_end is None else float(forward_end)
 
     def ready_time(self, transfer_ids: Iterable[int]) -> float:
         """When the given transfers (those still pending) will have completed."""

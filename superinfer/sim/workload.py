@@ -32,6 +32,7 @@ class SimRequest:
     arrival_s: float
     num_prompt_tokens: int
     num_output_tokens: int  # generated with ignore_eos: exactly this many
+    slo_class: str | None = None  # a class of the SLO config (None: the profile's targets)
 
 
 def build_sharegpt_lengths(path: str = SHAREGPT_LENGTHS_PATH) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -113,6 +114,40 @@ class SLOConfig:
             for c in self.classes
             if c.reserved_kv_share or c.reserved_token_share
         }
+
+
+# --- class mixes (the benchmark's and the simulator's workloads) --------------------------
+def parse_class_mix(text: str) -> dict[str, float]:
+    """`gold=0.2,silver=0.5,bronze=0.3` -> shares that add up to 1 (weights are normalized)."""
+    mix: dict[str, float] = {}
+    for part in text.split(","):
+        name, sep, share = part.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise ValueError(f"class mix entries look like name=share, got {part!r}")
+        value = float(share)
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"class share must be a finite number >= 0, got {share!r}")
+        if name in mix:
+            raise ValueError(f"class {name!r} appears twice in the mix")
+        mix[name] = value
+    total = sum(mix.values())
+    if not total > 0:
+        raise ValueError("the class shares add up to 0")
+    return {name: value / total for name, value in mix.items()}
+
+
+def class_sequence(num_requests: int, mix: dict[str, float], seed: int = 0) -> list[str]:
+    """Class names for `num_requests` requests: each class its share (largest remainder),
+    shuffled with `seed`."""
+    exact = {name: share * num_requests for name, share in mix.items()}
+    counts = {name: math.floor(value) for name, value in exact.items()}
+    by_remainder = sorted(mix, key=lambda name: exact[name] - counts[name], reverse=True)
+    for name in by_remainder[: num_requests - sum(counts.values())]:
+        counts[name] += 1
+    names = [name for name in mix for _ in range(counts[name])]
+    random.Random(seed).shuffle(names)
+    return names
 
 
 # --- loading ------------------------------------------------------------------------------

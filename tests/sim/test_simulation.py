@@ -1,8 +1,14 @@
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+from superinfer.config import CacheConfig, SchedulerConfig
 from superinfer.core.policies import available_policies
+from superinfer.sim.config import SimConfig
+from superinfer.sim.models import get_model
+from superinfer.sim.simulation import build_system
 from superinfer.sim.results import records_of, result_json, summarize
 from superinfer.sim.workload import SimRequest, synthetic_workload
 from superinfer.slo.metrics import ABORTED, FINISHED, REJECTED
@@ -97,3 +103,70 @@ def test_result_json_has_the_scripted_fields():
     assert result["targets"] == {"ttft_ms": 2000.0, "tbt_ms": 250.0, "max_latency_ms": None}
     assert len(result["records"]) == 40 and "token_times" not in result["records"][0]
     assert 0 <= result["ttft_attainment"] <= 1
+
+
+# --- the engine's own configs, nested (SimConfig.scheduler, SimConfig.cache) -------------------
+CLASSES = """classes:
+  - {name: gold, ttft_ms: 2000, tbt_ms: 250, reserved_kv_share: 0.4, reserved_token_share: 0.3}
+  - {name: bronze, ttft_ms: 8000, tbt_ms: 1000}
+"""
+
+
+def test_flat_options_fill_the_nested_configs_with_the_simulators_defaults():
+    config = SimConfig(hardware="gh200-96", model="qwen2.5-32b", policy="ddps", block_size=32)
+    assert (config.scheduler.policy, config.cache.block_size) == ("ddps", 32)
+    assert (config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens) == (256, 16384)
+    assert config.scheduler.max_model_len == get_model("qwen2.5-32b").max_model_len
+    assert config.cache.host_kv_gib == 400.0 and config.pipeline is None
+    assert SimConfig(**config.to_flat()) == config
+    nested = SimConfig(scheduler=SchedulerConfig(max_num_seqs=8), cache=CacheConfig(block_size=4))
+    assert nested.scheduler.max_num_seqs == 8 and nested.scheduler.max_model_len == 2048
+    with pytest.raises(TypeError, match="max_num_seq"):
+        SimConfig(max_num_seq=8)
+
+
+def test_pool_flags_size_the_pools_with_the_engines_precedence():
+    def pools(**options) -> tuple[int, int]:
+        system = build_system(SimConfig(hardware="gh200", model="llama-3-8b", **options))
+        return system.num_device_blocks, system.num_host_blocks
+
+    block = 2 * 2**20  # llama-3-8b, 16 tokens
+    default_device, default_host = pools()
+    assert pools(device_kv_gib=1.0) == (512, default_host)
+    assert pools(kv_cache_memory_bytes=100 * block, device_kv_gib=1.0)[0] == 100
+    assert pools(num_device_blocks=7, kv_cache_memory_bytes=100 * block)[0] == 7
+    assert pools(gpu_memory_utilization=0.5)[0] < default_device / 2
+    assert pools(num_host_blocks=33, host_kv_gib=1.0) == (default_device, 33)
+    assert pools(host_kv_gib=1.0)[1] == 512
+
+
+def test_every_scheduler_knob_reaches_the_simulated_scheduler():
+    run = run_small(small_workload(num_requests=10), policy="ddps", ddps_margin=3.0,
+                    ddps_slack_scale=0.25, min_residency_tokens=7, rotation_budget=5,
+                    max_num_seqs=6, enable_prefix_caching=False)  # fmt: skip
+    scheduler = run.engine.scheduler
+    config = scheduler.policy.config
+    assert (config.ddps_margin, config.ddps_slack_scale) == (3.0, 0.25)
+    assert config.min_residency_tokens == 7
+    assert (config.rotation_budget, config.max_num_seqs) == (5, 6)
+    assert not scheduler.kv.device.is_caching and config.pipeline is False  # resolved: cpu
+
+
+def test_class_reservations_from_the_slo_config_keep_gold_fast_under_a_bronze_flood(tmp_path):
+    path = tmp_path / "classes.yaml"
+    path.write_text(CLASSES)
+    workload = small_workload(num_requests=60, rate=12.0)
+    workload = [replace(r, slo_class="gold" if i % 4 == 0 else "bronze")
+                for i, r in enumerate(workload)]  # fmt: skip
+    reserved = run_small(workload, slo_config=str(path))
+    shared = run_small(workload, slo_config=str(path), class_reservations={})
+    assert reserved.engine.scheduler.config.class_reservations == {"gold": (0.4, 0.3)}
+    assert reserved.engine.scheduler.reservations.is_enabled
+    assert {r.slo.slo_class for r in reserved.requests} == {"gold", "bronze"}
+    assert reserved.requests[0].slo.ttft_ms == 2000 and reserved.requests[1].slo.tbt_ms == 1000
+    with_, without = result_json(reserved)["classes"], result_json(shared)["classes"]
+    assert with_["gold"]["num_requests"] == 15 and with_["gold"]["targets"]["ttft_ms"] == 2000
+    assert with_["gold"]["p90_ttft_ms"] < without["gold"]["p90_ttft_ms"] / 2
+    assert with_["bronze"]["p90_ttft_ms"] > without["bronze"]["p90_ttft_ms"]
+    with pytest.raises(ValueError, match="silver"):
+        run_small([replace(workload[0], slo_class="silver")], slo_config=str(path))

@@ -132,5 +132,16 @@ class TransferEngine(ABC):
         Completed ids are still reported by the next `poll_finished`.
         """
 
+    def record_compute(self, forward_end: object | None = None) -> None:
+        """A forward was just launched: device->host copies submitted from now on start only
+        once it has ended (they may read blocks it writes).
+
+        `forward_end` marks that end in the engine's own terms: the CUDA stream the forward
+        was queued on (None: the current stream); a `threading.Event` the CPU runner sets
+        when its worker thread finishes the forward (None: the forward ran synchronously,
+        nothing to wait for); the forward's end in the simulator's virtual seconds (None:
+        nothing to wait for). A no-op here.
+        """
+
     def close(self) -> None:
         """Release worker threads or streams."""

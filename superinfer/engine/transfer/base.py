@@ -47,9 +47,9 @@ class TransferError(RuntimeError):
 class KVTransferEngine(TransferEngine):
     """A `TransferEngine` over the two tiers of a `KVCacheTiers`.
 
-    Adds what the model runner and the metrics need on top of the core interface:
-    `record_compute` (call it after launching each forward), `synchronize` (a host-side
-    wait), `stats`, and use as a context manager (closes on exit).
+    Adds what the metrics and callers need on top of the core interface (whose
+    `record_compute` the model runner calls after launching each forward): `synchronize`
+    (a host-side wait), `stats`, and use as a context manager (closes on exit).
 
     Ordering: transfers of one direction run in submission order. In "duplex" mode the two
     directions run concurrently with no order between them, so the planner must not submit
@@ -70,13 +70,6 @@ class KVTransferEngine(TransferEngine):
     @abstractmethod
     def stats(self) -> TransferStats:
         """A snapshot of the counters."""
-
-    def record_compute(self, stream: object | None = None) -> None:
-        """Mark the end of the forward just launched on `stream` (default: current stream).
-
-        Device->host copies submitted afterwards start only once that forward is done. A
-        no-op where compute is synchronous with the caller (CPU).
-        """
 
     def synchronize(self, transfer_ids: Iterable[int] | None = None) -> None:
         """Block the calling thread until the transfers (all if None) have completed."""

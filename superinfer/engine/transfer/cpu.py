@@ -107,13 +107,13 @@ class CpuTransferEngine(KVTransferEngine):
             fence = self._compute_fence if spec.direction is Direction.D2H else None
             self._lanes[spec.direction].put(spec, fence)
 
-    def record_compute(self, stream: object | None = None) -> None:
-        """`stream` is a threading.Event the model runner sets when the forward it is
+    def record_compute(self, forward_end: object | None = None) -> None:
+        """`forward_end` is a threading.Event the model runner sets when the forward it is
         about to run in another thread has finished; device->host copies submitted from now
         on start only after it is set. None: compute is synchronous, nothing to wait for."""
-        if stream is not None and not isinstance(stream, threading.Event):
+        if forward_end is not None and not isinstance(forward_end, threading.Event):
             raise TypeError("on the CPU, record_compute takes a threading.Event (or None)")
-        self._compute_fence = stream
+        self._compute_fence = forward_end
 
     def poll_finished(self) -> list[int]:
         with self._cond:

@@ -74,10 +74,12 @@ class CudaTransferEngine(KVTransferEngine):
     def _copy_one(dst: torch.Tensor, src: torch.Tensor) -> None:
         dst.copy_(src, non_blocking=True)  # on the current stream: the lane's
 
-    def record_compute(self, stream: torch.cuda.Stream | None = None) -> None:
-        """Record the end of the forward just launched on `stream` (default: current stream)."""
+    def record_compute(self, forward_end: object | None = None) -> None:
+        """Record the end of the forward just launched on the stream `forward_end` (default:
+        the current stream)."""
+        stream = forward_end if forward_end is not None else torch.cuda.current_stream(self._device)
         event = torch.cuda.Event()
-        event.record(stream if stream is not None else torch.cuda.current_stream(self._device))
+        event.record(stream)
         self._compute_event = event
 
     def submit(self, spec: TransferSpec) -> None:

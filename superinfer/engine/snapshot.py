@@ -1,0 +1,139 @@
+"""Plain data an engine hands out: its load picture (`EngineSnapshot`, published by the
+async engine after each step for admission, metrics and the stats line), the record of
+each step for step observers (`StepRecord`: warm-up, calibration, the step-time metric),
+and the debug route's report. Built here from the scheduler and the KV manager, so
+nothing outside `engine/` reads them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from superinfer.core.kv.errors import KVInvariantError
+from superinfer.core.kv.transfer import TransferStats
+from superinfer.core.outputs import SchedulerOutput
+from superinfer.core.scheduler import Scheduler
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """Load and counters published by the engine thread after each step."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    num_swapped: int = 0
+    # (next deadline on the engine clock, tokens to prefill) of each waiting request
+    waiting_deadlines: tuple[tuple[float, int], ...] = ()
+    device_kv_usage: float = 0.0
+    host_kv_usage: float = 0.0
+    step_time_s: float = 0.0  # moving average of steps that produced tokens
+    num_steps: int = 0
+    num_preemptions: int = 0  # recompute preemptions
+    num_swap_outs: int = 0  # rotations to the host tier
+    num_swap_ins: int = 0
+    transfer_bytes: Mapping[str, int] = field(default_factory=dict)  # "d2h"/"h2d" -> bytes
+    transfer_seconds: Mapping[str, float] = field(default_factory=dict)
+    num_device_blocks: int = 0  # the pool sizes (0: no engine built yet)
+    num_host_blocks: int = 0
+    prefix_cache_queries: int = 0  # tokens looked up in the prefix cache (vLLM's meaning)
+    prefix_cache_hits: int = 0  # of those, tokens found cached
+    # tokens of the requests added here (not the warm-up's), since the engine started
+    num_prompt_tokens: int = 0  # prompt tokens computed (not cached), at each first token
+    num_generation_tokens: int = 0
+    num_inflight_transfers: int = 0  # KV copies planned or running, not yet landed
+    is_queue_by_deadline: bool = False  # the policy admits by deadline (admission's queue)
+
+
+def build_snapshot(scheduler: Scheduler, transfer: TransferStats) -> EngineSnapshot:
+    """The engine's part of a snapshot (the async engine adds step time and token counts)."""
+    kv, stats = scheduler.kv, scheduler.stats
+    return EngineSnapshot(
+        num_running=len(scheduler.running),
+        num_waiting=len(scheduler.waiting),
+        num_swapped=len(scheduler.swapped),
+        waiting_deadlines=tuple(
+            (r.next_deadline(), r.num_uncomputed_tokens) for r in scheduler.waiting
+        ),
+        device_kv_usage=kv.device.usage,
+        host_kv_usage=kv.host.usage,
+        num_steps=stats.num_steps,
+        num_preemptions=stats.num_preemptions,
+        num_swap_outs=stats.num_swap_outs,
+        num_swap_ins=stats.num_swap_ins,
+        transfer_bytes={"d2h": transfer.d2h.num_bytes, "h2d": transfer.h2d.num_bytes},
+        transfer_seconds={"d2h": transfer.d2h.seconds, "h2d": transfer.h2d.seconds},
+        num_device_blocks=kv.device.num_blocks,
+        num_host_blocks=kv.host.num_blocks,
+        prefix_cache_queries=kv.stats.num_prefix_query_tokens,
+        prefix_cache_hits=kv.stats.num_prefix_hit_tokens,
+        num_inflight_transfers=kv.num_inflight_transfers,
+        is_queue_by_deadline=scheduler.policy.is_queue_by_deadline,
+    )
+
+
+@dataclass(frozen=True)
+class ForwardRecord:
+    """One forward of a non-empty batch, timed."""
+
+    batch: SchedulerOutput  # the batch as launched (read it, never change it)
+    forward_s: float  # without the pipeline: `execute`; with it: launch until the result
+    # was ready, on the runner's thread, overlapping the next step's scheduling
+    host_s: float  # the step that ran (or launched) it, less the time it blocked on forwards
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self.batch.sequences)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        """Sequences with one query token after some context."""
+        return sum(len(s.token_ids) == 1 and s.num_context_tokens > 0 for s in self.batch.sequences)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return self.batch.num_batched_tokens - self.num_decode_tokens
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One `LLMEngine.step()`, handed to the step observers after it returned."""
+
+    step_index: int  # steps of this engine so far, this one included
+    wall_s: float  # the whole step, output processing included
+    num_outputs: int  # request outputs it returned
+    forward: ForwardRecord | None  # the forward that ended in this step (with the pipeline,
+    # the one launched by an earlier step); None if none did
+
+
+def build_debug_report(scheduler: Scheduler) -> dict[str, Any]:
+    """KV ownership per tier and per class, queue lengths and the invariant check."""
+    kv = scheduler.kv
+    blocks_by_class: Counter[str] = Counter()
+    for request in scheduler.running:
+        blocks_by_class[request.slo.slo_class or "none"] += kv.num_device_blocks_of(request)
+    try:
+        scheduler.check_invariants()
+        invariants = "ok"
+    except KVInvariantError as error:
+        invariants = str(error)
+    return {
+        "num_unfinished": scheduler.num_unfinished_requests,
+        "num_running": len(scheduler.running),
+        "num_waiting": len(scheduler.waiting),
+        "num_swapped": len(scheduler.swapped),
+        "num_device_blocks": kv.device.num_blocks,
+        "num_host_blocks": kv.host.num_blocks,
+        "device_blocks_used": kv.device.num_used_blocks,
+        "host_blocks_used": kv.host.num_used_blocks,
+        "device_blocks_quarantined": kv.device.num_quarantined_blocks,
+        "host_blocks_quarantined": kv.host.num_quarantined_blocks,
+        "num_block_tables": len(kv.tables),
+        "num_inflight_transfers": kv.num_inflight_transfers,
+        "running_device_blocks_by_class": dict(blocks_by_class),
+        "num_swap_outs": scheduler.stats.num_swap_outs,
+        "num_preemptions": scheduler.stats.num_preemptions,
+        "invariants": invariants,
+    }

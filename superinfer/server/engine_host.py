@@ -1,0 +1,249 @@
+"""The engine host: one `AsyncEngine` in this process and the requests it runs.
+
+It builds the engine on its thread and warms it up, admits requests against the engine's
+published snapshot (admission.py), submits and aborts them, and writes exactly one SLO
+record (and its metrics) for each request it admitted, when the engine reports it done.
+On shutdown it drains: in-flight requests finish within a timeout, the rest are aborted.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from superinfer.config import EngineConfig
+from superinfer.engine.async_engine import AsyncEngine, RequestStream
+from superinfer.engine.native_memory import release_free_memory
+from superinfer.engine.snapshot import EngineSnapshot
+from superinfer.outputs import RequestOutput
+from superinfer.server.admission import Admission, Load
+from superinfer.server.arrival import Arrival
+from superinfer.server.config import ServerConfig
+from superinfer.server.debug import engine_report
+from superinfer.server.errors import APIError
+from superinfer.server.log_limit import RateLimitedLog
+from superinfer.server.prepare import PreparedRequest
+from superinfer.server.prometheus import ServerMetrics
+from superinfer.server.warmup import warm_up
+from superinfer.slo.metrics import ABORTED, FINISHED, RequestRecord, SLOReport, slo_report, tbt_gaps
+from superinfer.slo.record_log import SLOLog, log_line
+
+if TYPE_CHECKING:
+    from superinfer.engine.llm_engine import LLMEngine
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Inflight:
+    """An admitted request, until the engine reports it done."""
+
+    prepared: PreparedRequest
+    arrival: Arrival
+    abort_reason: str | None = None
+    report: SLOReport | None = None  # set when it ends (before its stream reads the end)
+
+
+def default_engine_factory(config: EngineConfig) -> LLMEngine:
+    from superinfer.engine.llm_engine import LLMEngine
+
+    return LLMEngine(config)
+
+
+def _ignore(report: SLOReport) -> None:
+    pass
+
+
+class EngineHost:
+    """The engine of this process: boot, admission, requests, drain.
+
+    `error_log` is shared with the front (its summaries are flushed together); `on_report`
+    receives the SLO report of each request that ended (the periodic stats line).
+    """
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        engine_config: EngineConfig,
+        slo_log: SLOLog,
+        metrics: ServerMetrics,
+        error_log: RateLimitedLog,
+        engine_factory: Callable[[EngineConfig], LLMEngine] = default_engine_factory,
+        on_report: Callable[[SLOReport], None] = _ignore,
+    ) -> None:
+        self.config = config
+        self.engine_config = engine_config
+        self.slo_log = slo_log
+        self.metrics = metrics
+        self.error_log = error_log
+        self.engine_factory = engine_factory
+        self.admission = Admission(config.max_num_queued_reqs, config.max_num_queued_tokens)
+        self.engine: AsyncEngine | None = None  # set once built
+        self.inflight: dict[str, Inflight] = {}
+        self.warmup_step_time_s = 0.0
+        self._on_report = on_report
+
+    # --- lifecycle ------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Build the engine on its own thread, where all its torch work runs (AsyncEngine)."""
+        engine = AsyncEngine(lambda: self.engine_factory(self.engine_config), on_done=self._on_done)
+        await engine.start()
+        release_free_memory()
+        self.engine = engine
+
+    async def warm_up(self) -> None:
+        """Warm the engine up (raises what the warm-up raised); admission estimates start
+        from its measurements."""
+        assert self.engine is not None
+        report = await self.engine.call(warm_up)
+        self.engine.prefill_s_per_token = report.prefill_s_per_token
+        self.warmup_step_time_s = report.step_time_s
+
+    @property
+    def snapshot(self) -> EngineSnapshot | None:
+        """The engine's latest published state; None before it is built."""
+        return self.engine.snapshot if self.engine is not None else None
+
+    @property
+    def is_dead(self) -> bool:
+        """The engine was built and its thread is gone."""
+        return self.engine is not None and not self.engine.is_alive
+
+    async def drain(self, timeout_s: float) -> None:
+        """Let in-flight requests finish for `timeout_s`, then abort the rest."""
+        if self.engine is None:
+            return
+        if not await self.engine.wait_idle(timeout_s):
+            logger.warning("aborting %d requests still running at shutdown", len(self.inflight))
+            for request_id, inflight in list(self.inflight.items()):
+                inflight.abort_reason = inflight.abort_reason or "shutdown"
+                self.engine.abort(request_id)
+            await self.engine.wait_idle(10.0)
+
+    async def shutdown(self) -> None:
+        """Stop the engine thread (aborting what is left) unless it already stopped."""
+        if self.engine is not None and self.engine.is_alive:
+            await self.engine.shutdown()
+
+    async def debug_report(self) -> dict[str, Any] | None:
+        """KV ownership, queues and the invariant check (/debug/engine); None before the
+        engine is built."""
+        if self.engine is None:
+            return None
+        report = await self.engine.call(engine_report)
+        return {"num_inflight": len(self.inflight), **report}
+
+    # --- admission ------------------------------------------------------------------------
+    def load(self, deadline: float | None = None) -> Load:
+        """The engine's load for admission; with `deadline` (engine clock), the queue counts
+        only requests due by then, where the policy admits by deadline."""
+        assert self.engine is not None
+        snapshot = self.engine.snapshot
+        if not snapshot.is_queue_by_deadline:
+            deadline = None
+        num_queued, num_queued_tokens = self.engine.queue_load(deadline)
+        is_busy = snapshot.num_running > 0
+        step_time = (
+            snapshot.step_time_s if is_busy and snapshot.step_time_s else self.warmup_step_time_s
+        )
+        return Load(
+            num_queued, num_queued_tokens, step_time, self.engine.prefill_s_per_token,
+            self.engine_config.scheduler.max_num_batched_tokens,
+        )  # fmt: skip
+
+    def admit(
+        self, prepared: PreparedRequest, arrival: Arrival, expected_tokens: int
+    ) -> tuple[RequestStream, Inflight]:
+        """Admission checks, then the request enters the engine (raises APIError). The
+        `Inflight` receives the SLO report when the request ends."""
+        assert self.engine is not None
+        if prepared.request_id in self.inflight:
+            raise APIError(400, f"request_id {prepared.request_id!r} is already in use",
+                           "duplicate_request_id", "request_id")  # fmt: skip
+        slo = prepared.slo
+        elapsed_s = time.monotonic() - arrival.monotonic
+        self.admission.check(
+            self.load(), len(prepared.prompt_token_ids), expected_tokens,
+            slo.targets.max_latency_ms, elapsed_s, slo.is_reject_infeasible,
+        )  # fmt: skip
+        ttft_ms = slo.binding_ttft_ms if self.config.reject_infeasible_ttft else None
+        if ttft_ms is not None and slo.is_reject_infeasible:
+            # the queue ahead of this request: all of it, or what is due before its TTFT
+            load = self.load(deadline=arrival.monotonic + ttft_ms / 1000.0)
+            self.admission.check_first_token(
+                load, len(prepared.prompt_token_ids), ttft_ms, elapsed_s
+            )
+        inflight = self.inflight[prepared.request_id] = Inflight(prepared, arrival)
+        stream = self.engine.add_request(
+            prepared.request_id, prepared.prompt_token_ids, prepared.params,
+            arrival.monotonic, prepared.priority, slo.targets, prepared.prompt,
+        )  # fmt: skip
+        if self.config.enable_log_requests:
+            logger.info("Received request %s: prompt: %d tokens, params: %s, slo: %s, priority: %d",
+                        prepared.request_id, len(prepared.prompt_token_ids), prepared.params,
+                        slo.targets, prepared.priority)  # fmt: skip
+        return stream, inflight
+
+    # --- admitted requests ----------------------------------------------------------------
+    def abort(self, inflight: Inflight, reason: str) -> None:
+        """Abort an admitted request unless it already ended (no-op then)."""
+        request_id = inflight.prepared.request_id
+        if self.inflight.get(request_id) is not inflight or self.engine is None:
+            return
+        inflight.abort_reason = inflight.abort_reason or reason
+        self.engine.abort(request_id)
+
+    def _on_done(
+        self, request_id: str, output: RequestOutput | None, error: BaseException | None
+    ) -> None:
+        """The engine is done with `request_id`: its one SLO record, metrics and report."""
+        inflight = self.inflight.pop(request_id, None)
+        if inflight is None:
+            return
+        prepared = inflight.prepared
+        record = _record_of(prepared, inflight.arrival, output)
+        report = slo_report(record)
+        inflight.report = report
+        reason = inflight.abort_reason if record.outcome == ABORTED else None
+        if error is not None:
+            reason = "engine_error"
+            self.error_log.log(logging.ERROR, reason, "Request %s failed: 500 engine_error: %r",
+                               request_id, error)  # fmt: skip
+        line = log_line(record, report, inflight.arrival.wall, 200 if error is None else 500,
+                        reason, prepared.priority)  # fmt: skip
+        self.slo_log.write(line)
+        finish_reason = record.finish_reason or "abort"
+        gaps = tbt_gaps(record.token_times)
+        self._on_report(report)
+        self.metrics.on_ended(report, record.num_prompt_tokens, record.num_tokens_out,
+                              finish_reason, gaps)  # fmt: skip
+
+
+def _record_of(
+    prepared: PreparedRequest, arrival: Arrival, output: RequestOutput | None
+) -> RequestRecord:
+    if output is None:  # the engine failed the request
+        return RequestRecord(
+            prepared.request_id, prepared.slo.targets, arrival.monotonic,
+            finished_time=time.monotonic(), outcome=ABORTED,
+            num_prompt_tokens=len(prepared.prompt_token_ids), finish_reason="abort",
+        )  # fmt: skip
+    metrics, completion = output.metrics, output.outputs[0]
+    outcome = ABORTED if completion.finish_reason == "abort" else FINISHED
+    return RequestRecord(
+        request_id=prepared.request_id,
+        targets=prepared.slo.targets,
+        arrival_time=metrics.arrival_time,
+        token_times=tuple(metrics.token_times),
+        finished_time=metrics.finished_time,
+        first_scheduled_time=metrics.first_scheduled_time,
+        outcome=outcome,
+        num_prompt_tokens=len(output.prompt_token_ids),
+        num_output_tokens=len(completion.token_ids),
+        finish_reason=completion.finish_reason,
+        num_preemptions=metrics.num_preemptions,
+        num_rotations=metrics.num_swap_outs,
+    )

@@ -1,0 +1,85 @@
+"""The engine host on the real default model, without HTTP: every admitted request leaves
+exactly one SLO record (finished, aborted by its client, aborted by the drain), a reused
+request id is refused, and the debug report sees a clean engine afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+import pytest
+
+from superinfer.config import EngineConfig
+from superinfer.server.arrival import Arrival
+from superinfer.server.config import ServerConfig
+from superinfer.server.engine_host import EngineHost
+from superinfer.server.errors import APIError
+from superinfer.server.log_limit import RateLimitedLog
+from superinfer.server.prepare import RequestPreparer
+from superinfer.server.prometheus import ServerMetrics
+from superinfer.server.protocol import CompletionRequest
+from superinfer.slo.classes import SLOConfig
+from superinfer.slo.record_log import SLOLog
+
+pytestmark = pytest.mark.slow
+
+ENGINE = EngineConfig.from_flat(device="cpu", num_device_blocks=64, num_host_blocks=64,
+                                max_model_len=512)  # fmt: skip
+
+
+async def run_host(tmp_path) -> tuple[dict, list]:
+    slo_log = SLOLog(tmp_path / "slo.jsonl")
+    reports: list = []
+    error_log = RateLimitedLog(logging.getLogger(__name__))
+    host = EngineHost(ServerConfig(), ENGINE, slo_log, ServerMetrics("m", None), error_log,
+                      on_report=reports.append)  # fmt: skip
+    assert host.snapshot is None and await host.debug_report() is None
+    await host.start()
+    engine = host.engine.engine
+    preparer = RequestPreparer(engine.tokenizer, engine.model_config.vocab_size, 512, SLOConfig())
+
+    def admit(request_id: str, max_tokens: int):
+        body = CompletionRequest.model_validate(
+            {"prompt": "Hello", "request_id": request_id, "max_tokens": max_tokens,
+             "ignore_eos": True}
+        )  # fmt: skip
+        arrival = Arrival(time.monotonic(), time.time())
+        return host.admit(preparer.prepare(body, {}, arrival), arrival, max_tokens)
+
+    try:
+        stream, inflight = admit("done", 3)
+        with pytest.raises(APIError) as duplicate:
+            admit("done", 3)
+        assert (duplicate.value.status, duplicate.value.code) == (400, "duplicate_request_id")
+        outputs = [output async for output in stream]
+        assert outputs[-1].finished and inflight.report is not None
+
+        _, left = admit("left", 400)
+        host.abort(left, "client_disconnected")
+        await host.engine.wait_idle(30)
+        host.abort(left, "again")  # ended: a no-op
+
+        admit("cut", 400)
+        await host.drain(0.0)
+        report = await host.debug_report()
+    finally:
+        await host.shutdown()
+        slo_log.close()
+    return report, reports
+
+
+def test_each_admitted_request_leaves_exactly_one_record(tmp_path):
+    report, reports = asyncio.run(run_host(tmp_path))
+    lines = [json.loads(text) for text in (tmp_path / "slo.jsonl").read_text().splitlines()]
+    by_id = {line["id"]: line for line in lines}
+    assert len(lines) == len(by_id) == 3 == len(reports)
+    assert (by_id["done"]["outcome"], by_id["done"]["status"], by_id["done"]["reason"]) == (
+        "finished", 200, None
+    )  # fmt: skip
+    assert by_id["done"]["output_tokens"] == 3
+    assert (by_id["left"]["outcome"], by_id["left"]["reason"]) == ("aborted", "client_disconnected")
+    assert (by_id["cut"]["outcome"], by_id["cut"]["reason"]) == ("aborted", "shutdown")
+    assert report["num_inflight"] == 0 and report["num_unfinished"] == 0
+    assert report["invariants"] == "ok" and report["num_block_tables"] == 0
