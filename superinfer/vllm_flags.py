@@ -164,9 +164,9 @@ def with_config_file(parser: argparse.ArgumentParser, argv: list[str]) -> list[s
     if argv[i] == "--config":
         if i + 1 >= len(argv):
             raise ValueError("--config needs a FILE")
-        path, rest = argv[i + 1], argv[:i] + argv[i + 2:]
+        path, rest = argv[i + 1], argv[:i] + argv[i + 2 :]
     else:
-        path, rest = argv[i].split("=", 1)[1], argv[:i] + argv[i + 1:]
+        path, rest = argv[i].split("=", 1)[1], argv[:i] + argv[i + 1 :]
     command = next((a for a in rest if not a.startswith("-")), None)
     subparser = _subparsers(parser).get(command)
     if subparser is None:

@@ -59,7 +59,7 @@ def test_each_vllm_flag_means_its_superinfer_spelling(in_tmp, vllm, superinfer):
 
 
 def test_aliases_change_the_configuration():
-    server, engine, _, cluster = configs("MODEL --swap-space 2 --scheduling-policy fcfs -dp 3")
+    _, engine, _, cluster = configs("MODEL --swap-space 2 --scheduling-policy fcfs -dp 3")
     assert engine.model.model == MODEL and engine.cache.host_kv_gib == 2.0
     assert engine.scheduler.policy == "fcfs-recompute" and cluster.replicas == 3
     _, engine, _, _ = configs("--dtype half --kv-cache-memory-bytes 1.5g")

@@ -60,7 +60,9 @@ def load_generation_defaults(setting: str, model_path: str | None) -> dict[str, 
     path = os.path.join(directory, "generation_config.json")
     if not os.path.isfile(path):
         if setting != "auto":
-            raise FileNotFoundError(f"--generation-config: no generation_config.json in {setting!r}")
+            raise FileNotFoundError(
+                f"--generation-config: no generation_config.json in {setting!r}"
+            )
         return {}
     with open(path) as f:
         config = json.load(f)

@@ -21,7 +21,9 @@ def hf_dir(tmp_path, **config):
 
 @pytest.fixture
 def native_bf16(monkeypatch):
-    monkeypatch.setattr(dtype_module, "supported_dtypes", lambda device: (torch.bfloat16, torch.float32))
+    monkeypatch.setattr(
+        dtype_module, "supported_dtypes", lambda device: (torch.bfloat16, torch.float32)
+    )
 
 
 @pytest.fixture
