@@ -29,25 +29,49 @@ def small(tmp_path_factory):
 
 
 def test_queue_full_is_429_with_retry_after(small):
+    """Two long streams run, two requests wait, and only then do three more arrive: the
+    order is established by the server's own counters, not by sleeps."""
+    long_body = {"prompt": "Write an essay.", "max_tokens": 300, "ignore_eos": True,
+                 "temperature": 0, "stream": True}  # fmt: skip
     body = {"prompt": "Tell me a story.", "max_tokens": 16, "ignore_eos": True, "temperature": 0}
+    streams: list[list] = [[], []]
     responses: list[httpx.Response] = []
-
-    def send(delay_s: float) -> None:
-        time.sleep(delay_s)
-        responses.append(small.post("/v1/completions", body))
-
-    threads = [threading.Thread(target=send, args=(0.05 * i,)) for i in range(7)]
+    threads = [
+        threading.Thread(target=stream_lines, args=(small, long_body, out)) for out in streams
+    ]
+    small.num_posts += len(threads)
     for thread in threads:
         thread.start()
-    for thread in threads:
+    wait_for(lambda: all(any(kind == "data" for kind, _ in out) for out in streams), "2 running")
+    queued = [threading.Thread(target=lambda: responses.append(small.post("/v1/completions", body)))
+              for _ in range(2)]  # fmt: skip
+    for thread in queued:
+        thread.start()
+    wait_for(lambda: num_waiting(small) == 2, "2 waiting")
+    overflow = [small.post("/v1/completions", body) for _ in range(3)]
+    for thread in threads + queued:
         thread.join(300)
-    statuses = sorted(r.status_code for r in responses)
-    assert statuses.count(200) >= 4 and statuses.count(429) >= 1, statuses
-    assert set(statuses) <= {200, 429}
-    rejected = next(r for r in responses if r.status_code == 429)
-    assert rejected.json()["error"]["code"] == "queue_full"
-    assert int(rejected.headers["retry-after"]) >= 1
+    assert [r.status_code for r in overflow] == [429, 429, 429], [r.text for r in overflow]
+    assert sorted(r.status_code for r in responses) == [200, 200]
+    assert all(out[0] == ("status", 200) and out[-1] == ("data", "[DONE]") for out in streams)
+    assert overflow[0].json()["error"]["code"] == "queue_full"
+    assert int(overflow[0].headers["retry-after"]) >= 1
     small.wait_idle()
+
+
+def wait_for(condition, what: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def num_waiting(small: ServerProcess) -> int:
+    for line in small.get("/metrics").text.splitlines():
+        if line.startswith("vllm:num_requests_waiting"):
+            return int(float(line.split()[-1]))
+    raise AssertionError("vllm:num_requests_waiting is not exported")
 
 
 def stream_lines(small: ServerProcess, body: dict, out: list) -> None:
