@@ -97,7 +97,6 @@ def add_vllm_flags(parser: argparse.ArgumentParser) -> None:
 _REFUSED_VALUES = {
     ("--tokenizer",): "the model's own tokenizer is used (its directory or GGUF file)",
     ("--revision",): "models are local paths (a Hugging Face directory or a .gguf file)",
-    ("-q", "--quantization"): "GGUF checkpoints load as they are; no other quantization yet",
 }
 
 

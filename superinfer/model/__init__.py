@@ -9,8 +9,13 @@ from superinfer.model.config import ModelConfig
 from superinfer.model.llama import LlamaForCausalLM
 
 __all__ = [
-    "AttentionMetadata", "LlamaForCausalLM", "LoadedModel", "ModelConfig", "SeqEntry",
-    "default_model_path", "load_model",
+    "AttentionMetadata",
+    "LlamaForCausalLM",
+    "LoadedModel",
+    "ModelConfig",
+    "SeqEntry",
+    "default_model_path",
+    "load_model",
 ]
 
 

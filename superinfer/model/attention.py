@@ -14,13 +14,18 @@ its slot, then attends:
   masked;
 - prefill chunks (several query tokens) one call each, causal with an offset when part of
   the sequence is already cached.
+
+A sliding-window layer attends to the last `window` positions only (a key at k_pos is seen
+from q_pos when q_pos - window < k_pos <= q_pos, as transformers): its masks come from
+`AttentionMetadata.windowed(window)`, built once per step and window. Logit soft-capping
+(Gemma 2) runs attention in plain matmuls, since SDPA has no cap.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
@@ -54,6 +59,7 @@ class DecodeBatch:
     block_ids: Tensor  # (B * max_blocks,) block tables, padded with block 0
     seq_lens: Tensor  # (B,) tokens of each sequence, the query token included
     mask: Tensor  # (B, 1, 1, max_blocks * block_size) True for keys to attend to
+    is_windowed: bool = False  # a sliding window hides part of some sequence's context
     _bias: Tensor | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -82,6 +88,11 @@ class PrefillChunk:
     tokens: slice  # its rows in the packed step
     block_ids: Tensor | None  # (num_blocks,)
     mask: Tensor | None  # (num_query_tokens, num_blocks * block_size)
+    num_context_tokens: int = 0  # position of the first query token
+
+    @property
+    def num_query_tokens(self) -> int:
+        return self.tokens.stop - self.tokens.start
 
 
 @dataclass
@@ -94,10 +105,23 @@ class AttentionMetadata:
     logits_indices: Tensor  # (S,) row of each sequence's last token
     decode: DecodeBatch | None
     prefills: list[PrefillChunk]
+    _windows: dict[int, AttentionMetadata] = field(default_factory=dict, repr=False)
 
     @property
     def num_tokens(self) -> int:
         return self.positions.shape[0]
+
+    def windowed(self, window: int | None) -> AttentionMetadata:
+        """This step's metadata for a layer that sees only the last `window` positions."""
+        if window is None:
+            return self
+        if window not in self._windows:
+            self._windows[window] = replace(
+                self, decode=None if self.decode is None else _windowed_decode(self.decode, window),
+                prefills=[_windowed_prefill(p, window, self.positions.device) for p in self.prefills],
+                _windows={},
+            )  # fmt: skip
+        return self._windows[window]
 
     @classmethod
     def build(
@@ -107,8 +131,11 @@ class AttentionMetadata:
         _check_entries(entries, block_size)
         starts = _token_starts(entries)
         positions = [p for e in entries for p in range(e.num_context_tokens, e.num_tokens)]
-        blocks = [e.block_table[p // block_size] for e in entries
-                  for p in range(e.num_context_tokens, e.num_tokens)]
+        blocks = [
+            e.block_table[p // block_size]
+            for e in entries
+            for p in range(e.num_context_tokens, e.num_tokens)
+        ]
         offsets = [p % block_size for p in positions]
         logits_indices = [s + e.num_query_tokens - 1 for s, e in zip(starts, entries)]
         per_token = torch.tensor([positions, blocks, offsets], dtype=torch.long).to(device)
@@ -118,8 +145,11 @@ class AttentionMetadata:
             slot_offsets=per_token[2],
             logits_indices=torch.tensor(logits_indices, dtype=torch.long).to(device),
             decode=_decode_batch(entries, starts, block_size, device),
-            prefills=[_prefill_chunk(e, s, block_size, device)
-                      for e, s in zip(entries, starts) if e.num_query_tokens > 1],
+            prefills=[
+                _prefill_chunk(e, s, block_size, device)
+                for e, s in zip(entries, starts)
+                if e.num_query_tokens > 1
+            ],
         )
 
 
@@ -154,13 +184,17 @@ def _decode_batch(
     seqs = [entries[i] for i in rows]
     token_rows = [starts[i] for i in rows]
     max_blocks = max(_num_blocks(e.num_tokens, block_size) for e in seqs)
-    block_ids = [list(e.block_table[:max_blocks]) + [0] * (max_blocks - len(e.block_table))
-                 for e in seqs]
+    block_ids = [
+        list(e.block_table[:max_blocks]) + [0] * (max_blocks - len(e.block_table)) for e in seqs
+    ]
     lengths = torch.tensor([e.num_tokens for e in seqs])
     mask = torch.arange(max_blocks * block_size) < lengths.unsqueeze(1)  # (B, N)
     contiguous = token_rows[-1] - token_rows[0] == len(token_rows) - 1
-    tokens = (slice(token_rows[0], token_rows[-1] + 1) if contiguous
-              else torch.tensor(token_rows, device=device))
+    tokens = (
+        slice(token_rows[0], token_rows[-1] + 1)
+        if contiguous
+        else torch.tensor(token_rows, device=device)
+    )
     return DecodeBatch(
         tokens=tokens,
         block_ids=torch.tensor(block_ids, dtype=torch.long).view(-1).to(device),
@@ -179,7 +213,30 @@ def _prefill_chunk(
     block_ids = torch.tensor(entry.block_table[:num_blocks], dtype=torch.long)
     query_pos = torch.arange(entry.num_context_tokens, entry.num_tokens).unsqueeze(1)
     mask = torch.arange(num_blocks * block_size) <= query_pos  # (Tq, N) causal with offset
-    return PrefillChunk(tokens, block_ids.to(device), mask.to(device))
+    return PrefillChunk(tokens, block_ids.to(device), mask.to(device), entry.num_context_tokens)
+
+
+def _windowed_decode(batch: DecodeBatch, window: int) -> DecodeBatch:
+    if int(batch.seq_lens.max()) <= window:
+        return batch
+    keys = torch.arange(batch.mask.shape[-1], device=batch.mask.device)
+    visible = keys >= (batch.seq_lens - window).view(-1, 1, 1, 1)  # (B, 1, 1, N)
+    return DecodeBatch(batch.tokens, batch.block_ids, batch.seq_lens, batch.mask & visible,
+                       is_windowed=True)  # fmt: skip
+
+
+def _windowed_prefill(chunk: PrefillChunk, window: int, device: torch.device) -> PrefillChunk:
+    if chunk.num_context_tokens + chunk.num_query_tokens <= window:
+        return chunk
+    query_pos = torch.arange(chunk.num_query_tokens, device=device).unsqueeze(1)
+    query_pos = query_pos + chunk.num_context_tokens
+    if chunk.mask is None:  # the chunk's own keys, from position 0
+        keys = torch.arange(chunk.num_query_tokens, device=device)
+        mask = (keys <= query_pos) & (keys > query_pos - window)  # (Tq, Tq)
+    else:
+        keys = torch.arange(chunk.mask.shape[-1], device=device)
+        mask = chunk.mask & (keys > query_pos - window)  # (Tq, N)
+    return replace(chunk, mask=mask)
 
 
 class GatherWorkspace:
@@ -194,24 +251,44 @@ class GatherWorkspace:
         """Two uninitialised tensors of `shape` with the dtype and device of `like`."""
         numel = 2 * math.prod(shape)
         buffer = self._buffer
-        if (buffer is None or buffer.numel() < numel or buffer.dtype != like.dtype
-                or buffer.device != like.device):
+        if (
+            buffer is None
+            or buffer.numel() < numel
+            or buffer.dtype != like.dtype
+            or buffer.device != like.device
+        ):
             buffer = self._buffer = torch.empty(numel, dtype=like.dtype, device=like.device)
         k, v = buffer[:numel].view(2, *shape).unbind(0)
         return k, v
 
 
 def paged_attention(
-    q: Tensor, k: Tensor, v: Tensor, kv_cache: Tensor, layer: int, meta: AttentionMetadata,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    kv_cache: Tensor,
+    layer: int,
+    meta: AttentionMetadata,
     workspace: GatherWorkspace | None = None,
+    *,
+    window: int | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
 ) -> Tensor:
-    """Cache k/v of the step's tokens, then attend. q (T, H, D), k/v (T, Hkv, D) -> (T, H, D)."""
+    """Cache k/v of the step's tokens, then attend. q (T, H, D), k/v (T, Hkv, D) -> (T, H, D).
+
+    `window`: attend to the last `window` positions only; `scale` multiplies q.k (default
+    1/sqrt(D)); `softcap`: scores become softcap * tanh(scores / softcap)."""
     write_kv(kv_cache, layer, k, v, meta)
     workspace = workspace or GatherWorkspace()
-    parts = [(p.tokens, _prefill_attention(q, k, v, kv_cache, layer, p, workspace))
-             for p in meta.prefills]
+    meta = meta.windowed(window)
+    attend = Scores(scale, softcap)
+    parts = [
+        (p.tokens, _prefill_attention(q, k, v, kv_cache, layer, p, workspace, attend))
+        for p in meta.prefills
+    ]
     if meta.decode is not None:
-        o = _decode_attention(q, kv_cache, layer, meta.decode, workspace)
+        o = _decode_attention(q, kv_cache, layer, meta.decode, workspace, attend)
         parts.append((meta.decode.tokens, o))
     if len(parts) == 1:  # one group holds every token, in order
         return parts[0][1]
@@ -238,32 +315,73 @@ def _gather(
     return k, v
 
 
+@dataclass(frozen=True)
+class Scores:
+    """How q.k becomes attention weights: SDPA, or plain matmuls when soft-capped."""
+
+    scale: float | None = None
+    softcap: float | None = None
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        """q (B, H, Tq, D), k/v (B, Hkv, N, D), boolean mask (.., Tq, N) or None for causal
+        over the chunk's own keys -> (B, H, Tq, D)."""
+        if self.softcap is None:
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.scale,
+                enable_gqa=q.shape[1] != k.shape[1])  # fmt: skip
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        scale = self.scale or q.shape[-1] ** -0.5
+        scores = torch.tanh((q @ k.transpose(-1, -2)) * (scale / self.softcap)) * self.softcap
+        if mask is None:
+            mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~mask, float("-inf"))
+        return torch.softmax(scores.float(), -1).to(v.dtype) @ v
+
+
 def _decode_attention(
-    q: Tensor, kv_cache: Tensor, layer: int, batch: DecodeBatch, workspace: GatherWorkspace
+    q: Tensor,
+    kv_cache: Tensor,
+    layer: int,
+    batch: DecodeBatch,
+    workspace: GatherWorkspace,
+    attend: Scores,
 ) -> Tensor:
     """One query token per sequence: (T, H, D) -> (B, H, D)."""
-    if kv_cache.device.type == "cpu" and (kernel := decode_kernel()) is not None:
-        if kernel.supports(kv_cache, q.shape[1]):
-            return kernel(q[batch.tokens], kv_cache, layer, batch.block_tables, batch.seq_lens)
+    plain = attend.softcap is None and not batch.is_windowed and kv_cache.device.type == "cpu"
+    kernel = decode_kernel() if plain else None
+    if kernel is not None and kernel.supports(kv_cache, q.shape[1]):
+        return kernel(q[batch.tokens], kv_cache, layer, batch.block_tables, batch.seq_lens,
+                      attend.scale)  # fmt: skip
     num_seqs, num_kv_heads, head_dim = batch.num_seqs, kv_cache.shape[-2], kv_cache.shape[-1]
     k, v = _gather(kv_cache, layer, batch.block_ids, num_seqs, workspace)  # (B, Hkv, N, D)
     # the query heads that share a kv head become that head's query rows: no k/v repeat
     q = q[batch.tokens].view(num_seqs, num_kv_heads, -1, head_dim)  # (B, Hkv, H/Hkv, D)
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=batch.attn_bias(q.dtype))
+    if attend.softcap is None:
+        o = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=batch.attn_bias(q.dtype), scale=attend.scale
+        )
+    else:
+        o = attend(q, k, v, batch.mask)
     return o.reshape(num_seqs, -1, head_dim)  # a copy only where SDPA returns another layout
 
 
 def _prefill_attention(
-    q: Tensor, k: Tensor, v: Tensor, kv_cache: Tensor, layer: int, chunk: PrefillChunk,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    kv_cache: Tensor,
+    layer: int,
+    chunk: PrefillChunk,
     workspace: GatherWorkspace,
+    attend: Scores,
 ) -> Tensor:
     """Several query tokens of one sequence: (T, H, D) -> (Tq, H, D)."""
     q = q[chunk.tokens].transpose(0, 1).unsqueeze(0)  # (1, H, Tq, D)
     if chunk.block_ids is None:  # no cached context: the chunk's own keys suffice
         k = k[chunk.tokens].transpose(0, 1).unsqueeze(0)  # (1, Hkv, Tq, D)
         v = v[chunk.tokens].transpose(0, 1).unsqueeze(0)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     else:
         k, v = _gather(kv_cache, layer, chunk.block_ids, 1, workspace)  # (1, Hkv, N, D)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=chunk.mask, enable_gqa=True)
+    o = attend(q, k, v, chunk.mask)
     return o.squeeze(0).transpose(0, 1)  # (Tq, H, D)

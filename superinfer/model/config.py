@@ -1,27 +1,36 @@
-"""Architecture of a Llama-family model, read from a HF `config.json` or GGUF metadata."""
+"""Architecture of a decoder-only model: the shapes and layer variants the shared decoder
+(`superinfer.model.decoder`) is built from.
+
+Each architecture family (`superinfer.model.families`) maps a Hugging Face `config.json` or
+GGUF metadata onto this one dataclass; `superinfer.model.registry` picks the family.
+"""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-logger = logging.getLogger(__name__)
-
-# HF model_type -> whether q/k/v projections carry a bias by default
-HF_ARCHITECTURES = {"llama": False, "mistral": False, "qwen2": True}
-GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2")
+SLIDING = "sliding_attention"
+FULL = "full_attention"
 
 
 @dataclass
 class ModelConfig:
-    """Shapes and constants of a Llama-family decoder (Llama, SmolLM, Mistral, Qwen2).
+    """Shapes and constants of a decoder (Llama, Mistral, Qwen2/3, Phi-3, Gemma 2/3, MoE).
 
     `rope_scaling` is None for plain RoPE, else a dict with a "rope_type" key: "linear"
     ({"factor"}), "llama3" ({"factor", "low_freq_factor", "high_freq_factor",
-    "original_max_position_embeddings"}) or "freq_factors" ({"factors": one divisor per
-    frequency}, what llama.cpp stores in a GGUF's `rope_freqs` tensor).
+    "original_max_position_embeddings"}), "yarn", "dynamic" (as transformers) or
+    "freq_factors" ({"factors": one divisor per frequency}, what llama.cpp stores in a GGUF's
+    `rope_freqs` tensor).
+
+    Layer variants, all off by default (Llama): `qk_norm` (RMSNorm of each q/k head, Qwen3,
+    Gemma 3), `norm_offset` (norms scale by 1 + weight, Gemma), `sandwich_norm` (norms after
+    attention and MLP too, Gemma 2/3), `hidden_act` ("silu" or "gelu_tanh"),
+    `embedding_scale`, `attention_scale` (else 1/sqrt(head_dim)), logit soft-capping,
+    sliding-window layers (`layer_types[i] == "sliding_attention"`, with their own RoPE base
+    `local_rope_theta` if set) and a mixture of experts (`num_experts` > 0).
     """
 
     hidden_size: int
@@ -40,12 +49,34 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     name: str = ""
+    architecture: str = "LlamaForCausalLM"  # the registry's key
+    qk_norm: bool = False
+    norm_offset: float = 0.0
+    sandwich_norm: bool = False
+    hidden_act: str = "silu"
+    embedding_scale: float | None = None
+    attention_scale: float | None = None
+    attn_logit_softcap: float | None = None
+    final_logit_softcap: float | None = None
+    sliding_window: int | None = None
+    layer_types: list[str] | None = None
+    local_rope_theta: float | None = None
+    local_rope_scaling: dict[str, Any] | None = None
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True
+    dense_layers: list[int] = field(default_factory=list)  # MLP, not MoE, in a MoE model
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads {self.num_heads} not a multiple of {self.num_kv_heads}")
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if self.hidden_act not in ("silu", "gelu_tanh"):
+            raise ValueError(f"unsupported activation {self.hidden_act!r} (silu, gelu_tanh)")
+        if self.layer_types is not None and len(self.layer_types) != self.num_layers:
+            raise ValueError(f"{len(self.layer_types)} layer types for {self.num_layers} layers")
 
     @property
     def eos_token_ids(self) -> list[int]:
@@ -56,36 +87,24 @@ class ModelConfig:
             return [self.eos_token_id]
         return list(self.eos_token_id)
 
+    def window(self, layer: int) -> int | None:
+        """The sliding window of `layer`, None where it attends to the whole context."""
+        if self.sliding_window is None:
+            return None
+        if self.layer_types is None or self.layer_types[layer] == SLIDING:
+            return self.sliding_window
+        return None
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.num_experts > 0 and layer not in self.dense_layers
+
     @classmethod
     def from_hf_config(cls, cfg: Mapping[str, Any]) -> ModelConfig:
-        """Build from the dict of a Hugging Face `config.json` (transformers 4.x or 5.x)."""
-        model_type = cfg.get("model_type", "")
-        if model_type not in HF_ARCHITECTURES:
-            raise ValueError(
-                f"unsupported architecture {model_type!r} ({cfg.get('architectures')}); "
-                f"supported model_type values: {sorted(HF_ARCHITECTURES)}"
-            )
-        _warn_sliding_window(cfg)
-        num_heads = cfg["num_attention_heads"]
-        rope_theta, rope_scaling = _hf_rope(cfg)
-        return cls(
-            hidden_size=cfg["hidden_size"],
-            intermediate_size=cfg["intermediate_size"],
-            num_layers=cfg["num_hidden_layers"],
-            num_heads=num_heads,
-            num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // num_heads,
-            vocab_size=cfg["vocab_size"],
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-5),
-            rope_theta=rope_theta,
-            rope_scaling=rope_scaling,
-            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
-            tie_word_embeddings=cfg.get("tie_word_embeddings", False),
-            attention_bias=cfg.get("attention_bias", HF_ARCHITECTURES[model_type]),
-            bos_token_id=cfg.get("bos_token_id"),
-            eos_token_id=cfg.get("eos_token_id"),
-            name=cfg.get("_name_or_path") or model_type,
-        )
+        """Build from the dict of a Hugging Face `config.json` (transformers 4.x or 5.x),
+        through the family the registry finds for its `architectures`."""
+        from superinfer.model.registry import hf_architecture
+
+        return hf_architecture(cfg).hf_config(cfg)
 
     @classmethod
     def from_gguf_metadata(
@@ -98,47 +117,97 @@ class ModelConfig:
 
         `rope_freq_factors` are the values of a `rope_freqs.weight` tensor, if the file has one.
         """
-        arch = metadata.get("general.architecture")
-        if arch not in GGUF_ARCHITECTURES:
-            raise ValueError(
-                f"unsupported GGUF architecture {arch!r}; supported: {GGUF_ARCHITECTURES}"
-            )
+        from superinfer.model.registry import gguf_architecture
 
-        def get(key: str, default: Any = None) -> Any:
-            return metadata.get(f"{arch}.{key}", default)
-
-        hidden_size, num_heads = get("embedding_length"), get("attention.head_count")
-        head_dim = get("attention.key_length") or hidden_size // num_heads
-        return cls(
-            hidden_size=hidden_size,
-            intermediate_size=get("feed_forward_length"),
-            num_layers=get("block_count"),
-            num_heads=num_heads,
-            num_kv_heads=get("attention.head_count_kv") or num_heads,
-            head_dim=head_dim,
-            vocab_size=get("vocab_size"),
-            rms_norm_eps=get("attention.layer_norm_rms_epsilon", 1e-5),
-            rope_theta=get("rope.freq_base", 10000.0),
-            rope_scaling=_gguf_rope_scaling(get, rope_freq_factors),
-            max_position_embeddings=get("context_length", 2048),
-            tie_word_embeddings="output.weight" not in tensor_names,
-            attention_bias="blk.0.attn_q.bias" in tensor_names,
-            bos_token_id=metadata.get("tokenizer.ggml.bos_token_id"),
-            eos_token_id=metadata.get("tokenizer.ggml.eos_token_id"),
-            name=metadata.get("general.name", arch),
-        )
+        arch = gguf_architecture(metadata.get("general.architecture"))
+        return arch.gguf_config(metadata, tensor_names, rope_freq_factors)
 
 
-def _hf_rope(cfg: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None]:
-    """(rope_theta, rope_scaling) from `rope_scaling` (4.x) or `rope_parameters` (5.x)."""
-    params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
-    theta = params.pop("rope_theta", cfg.get("rope_theta", 10000.0))
+# --- helpers the families share -------------------------------------------------------------
+
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic")
+
+
+def hf_rope(params: Mapping[str, Any] | None, theta: float) -> tuple[float, dict | None]:
+    """(rope_theta, rope_scaling) from a `rope_scaling` (4.x) or `rope_parameters` (5.x)."""
+    params = dict(params or {})
+    theta = params.pop("rope_theta", theta)
     rope_type = params.pop("rope_type", params.pop("type", "default"))
+    partial = params.pop("partial_rotary_factor", 1.0)
+    if partial != 1.0:
+        raise ValueError(f"partial rotary embeddings (factor {partial}) are not supported")
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(f"unsupported rope scaling type {rope_type!r} {ROPE_TYPES}")
     if rope_type == "default":
         return theta, None
-    if rope_type not in ("linear", "llama3"):
-        raise ValueError(f"unsupported rope scaling type {rope_type!r} (default, linear, llama3)")
     return theta, {"rope_type": rope_type, **params}
+
+
+def hf_common(cfg: Mapping[str, Any], attention_bias: bool = False) -> dict[str, Any]:
+    """The ModelConfig fields every HF config states the same way."""
+    num_heads = cfg["num_attention_heads"]
+    rope_params = cfg.get("rope_parameters") or cfg.get("rope_scaling")
+    if rope_params and FULL in rope_params:  # per layer type (Gemma 3)
+        rope_params = rope_params[FULL]
+    rope_theta, rope_scaling = hf_rope(rope_params, cfg.get("rope_theta", 10000.0))
+    if rope_scaling and rope_scaling["rope_type"] in ("yarn", "dynamic"):
+        rope_scaling.setdefault("max_position_embeddings", cfg.get("max_position_embeddings"))
+    window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
+    layer_types = cfg.get("layer_types")
+    return {
+        "hidden_size": cfg["hidden_size"],
+        "intermediate_size": cfg["intermediate_size"],
+        "num_layers": cfg["num_hidden_layers"],
+        "num_heads": num_heads,
+        "num_kv_heads": cfg.get("num_key_value_heads") or num_heads,
+        "head_dim": cfg.get("head_dim") or cfg["hidden_size"] // num_heads,
+        "vocab_size": cfg["vocab_size"],
+        "rms_norm_eps": cfg.get("rms_norm_eps", 1e-5),
+        "rope_theta": rope_theta,
+        "rope_scaling": rope_scaling,
+        "max_position_embeddings": cfg.get("max_position_embeddings", 2048),
+        "tie_word_embeddings": cfg.get("tie_word_embeddings", False),
+        "attention_bias": cfg.get("attention_bias", attention_bias),
+        "bos_token_id": cfg.get("bos_token_id"),
+        "eos_token_id": cfg.get("eos_token_id"),
+        "name": cfg.get("_name_or_path") or cfg.get("model_type", ""),
+        "architecture": (cfg.get("architectures") or [""])[0],
+        "sliding_window": window,
+        "layer_types": list(layer_types) if window and layer_types else None,
+    }
+
+
+def gguf_common(
+    metadata: Mapping[str, Any],
+    tensor_names: Collection[str],
+    rope_freq_factors: Sequence[float] | None,
+) -> dict[str, Any]:
+    """The ModelConfig fields llama.cpp states the same way for every architecture."""
+    arch = metadata["general.architecture"]
+
+    def get(key: str, default: Any = None) -> Any:
+        return metadata.get(f"{arch}.{key}", default)
+
+    hidden_size, num_heads = get("embedding_length"), get("attention.head_count")
+    return {
+        "hidden_size": hidden_size,
+        "intermediate_size": get("feed_forward_length"),
+        "num_layers": get("block_count"),
+        "num_heads": num_heads,
+        "num_kv_heads": get("attention.head_count_kv") or num_heads,
+        "head_dim": get("attention.key_length") or hidden_size // num_heads,
+        "vocab_size": get("vocab_size"),
+        "rms_norm_eps": get("attention.layer_norm_rms_epsilon", 1e-5),
+        "rope_theta": get("rope.freq_base", 10000.0),
+        "rope_scaling": _gguf_rope_scaling(get, rope_freq_factors),
+        "max_position_embeddings": get("context_length", 2048),
+        "tie_word_embeddings": "output.weight" not in tensor_names,
+        "attention_bias": "blk.0.attn_q.bias" in tensor_names,
+        "bos_token_id": metadata.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": metadata.get("tokenizer.ggml.eos_token_id"),
+        "name": metadata.get("general.name", arch),
+        "sliding_window": get("attention.sliding_window"),
+    }
 
 
 def _gguf_rope_scaling(get: Any, rope_freq_factors: Sequence[float] | None) -> dict | None:
@@ -150,11 +219,3 @@ def _gguf_rope_scaling(get: Any, rope_freq_factors: Sequence[float] | None) -> d
     if scaling_type == "linear":
         return {"rope_type": "linear", "factor": float(get("rope.scaling.factor"))}
     raise ValueError(f"unsupported GGUF rope scaling type {scaling_type!r} (linear only)")
-
-
-def _warn_sliding_window(cfg: Mapping[str, Any]) -> None:
-    window = cfg.get("sliding_window")
-    uses_window = cfg.get("use_sliding_window", cfg.get("model_type") == "mistral")
-    if uses_window and window and window < cfg.get("max_position_embeddings", 0):
-        logger.warning("sliding window attention (%d) is not implemented: full attention is "
-                       "used, outputs differ beyond %d tokens", window, window)

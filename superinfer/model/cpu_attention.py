@@ -47,9 +47,11 @@ class PagedDecodeKernel:
     def __init__(self, library: ctypes.CDLL) -> None:
         self._fn = library.paged_decode_attention
         self._fn.restype = ctypes.c_int
-        self._fn.argtypes = [_PTR, _PTR, _PTR, ctypes.c_int, _I64P, _I64P] + [ctypes.c_int] * 8 + [
-            ctypes.c_float, ctypes.c_int
-        ]
+        self._fn.argtypes = (
+            [_PTR, _PTR, _PTR, ctypes.c_int, _I64P, _I64P]
+            + [ctypes.c_int] * 8
+            + [ctypes.c_float, ctypes.c_int]
+        )
 
     def supports(self, kv_cache: Tensor, num_heads: int) -> bool:
         num_kv_heads, head_dim = kv_cache.shape[-2], kv_cache.shape[-1]
@@ -63,10 +65,17 @@ class PagedDecodeKernel:
         )
 
     def __call__(
-        self, q: Tensor, kv_cache: Tensor, layer: int, block_tables: Tensor, seq_lens: Tensor
+        self,
+        q: Tensor,
+        kv_cache: Tensor,
+        layer: int,
+        block_tables: Tensor,
+        seq_lens: Tensor,
+        scale: float | None = None,
     ) -> Tensor:
-        """q (B, H, D) -> (B, H, D). block_tables (B, max_blocks) and seq_lens (B,) int64."""
-        num_blocks, num_layers, _, block_size, num_kv_heads, head_dim = kv_cache.shape
+        """q (B, H, D) -> (B, H, D). block_tables (B, max_blocks) and seq_lens (B,) int64;
+        `scale` multiplies q.k (default 1/sqrt(D))."""
+        _num_blocks, num_layers, _, block_size, num_kv_heads, head_dim = kv_cache.shape
         q = q.contiguous()
         num_seqs, num_heads = q.shape[0], q.shape[1]
         if q.dtype != kv_cache.dtype or block_tables.dtype != torch.int64:
@@ -78,7 +87,7 @@ class PagedDecodeKernel:
             q.data_ptr(), kv_cache.data_ptr(), out.data_ptr(), _DTYPES[kv_cache.dtype],
             ctypes.cast(block_tables.data_ptr(), _I64P), ctypes.cast(seq_lens.data_ptr(), _I64P),
             num_seqs, block_tables.shape[1], num_layers, layer, block_size, num_heads,
-            num_kv_heads, head_dim, 1.0 / math.sqrt(head_dim), torch.get_num_threads(),
+            num_kv_heads, head_dim, scale or 1.0 / math.sqrt(head_dim), torch.get_num_threads(),
         )  # fmt: skip
         if status != 0:
             raise RuntimeError(f"paged_decode_attention failed with status {status}")
@@ -115,7 +124,7 @@ def _build() -> Path:
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         built = Path(tmp) / target.name
         result = subprocess.run(
-            [compiler, *CFLAGS, str(SOURCE), "-o", str(built), "-lm"],
+            [compiler, *CFLAGS, str(SOURCE), "-o", str(built), "-lm"], check=False,
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         if result.returncode != 0:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -14,6 +14,7 @@ from gguf.quants import dequantize
 from torch import Tensor
 
 from superinfer.model.config import ModelConfig
+from superinfer.model.registry import Architecture, gguf_architecture
 
 _TOP_LEVEL_NAMES = {
     "token_embd": "model.embed_tokens",
@@ -41,6 +42,7 @@ class GGUFCheckpoint:
         self.path = path
         self.reader = GGUFReader(path)
         self.tensors = {t.name: t for t in self.reader.tensors}
+        self.arch: Architecture = gguf_architecture(self.architecture)
 
     def metadata(self) -> dict[str, Any]:
         """Key/values as plain Python values, without the tokenizer's vocabulary arrays."""
@@ -77,7 +79,7 @@ class GGUFCheckpoint:
     def interleaved_qk(self) -> bool:
         """llama.cpp permutes the q/k rows of Llama-style models so that RoPE rotates
         interleaved pairs (2i, 2i + 1), not HF's halves (i, i + D/2); not those of Qwen2."""
-        return self.architecture in ("llama", "mistral")
+        return self.arch.gguf_interleaved_qk
 
     def weights(self, num_threads: int = 2) -> Iterator[tuple[str, Tensor]]:
         """(HF name, float32 tensor) pairs, q/k rows as stored (see `interleaved_qk`).
@@ -91,21 +93,24 @@ class GGUFCheckpoint:
                 pending.append((t.name, pool.submit(_dequantize, t)))
                 while pending and (len(pending) > 2 * num_threads or i == len(tensors) - 1):
                     gguf_name, future = pending.popleft()
-                    yield hf_name(gguf_name), torch.from_numpy(future.result())
+                    name = hf_name(gguf_name, self.arch.gguf_tensor_names)
+                    yield name, torch.from_numpy(future.result())
 
     def _num_rows(self, name: str) -> int:
         return int(self.tensors[name].shape[-1])  # GGUF lists dims innermost first
 
 
-def hf_name(gguf_name: str) -> str:
-    """'blk.3.attn_q.weight' -> 'model.layers.3.self_attn.q_proj.weight'."""
+def hf_name(gguf_name: str, extra_names: Mapping[str, str] | None = None) -> str:
+    """'blk.3.attn_q.weight' -> 'model.layers.3.self_attn.q_proj.weight'; `extra_names`
+    are an architecture's own layer tensors ('attn_q_norm' -> 'self_attn.q_norm')."""
     stem, _, kind = gguf_name.rpartition(".")
     if stem in _TOP_LEVEL_NAMES:
         return f"{_TOP_LEVEL_NAMES[stem]}.{kind}"
-    prefix, layer, part = stem.split(".", 2) if stem.startswith("blk.") else ("", "", stem)
-    if part not in _LAYER_NAMES:
+    _prefix, layer, part = stem.split(".", 2) if stem.startswith("blk.") else ("", "", stem)
+    names = {**_LAYER_NAMES, **(extra_names or {})}
+    if part not in names:
         raise ValueError(f"unsupported GGUF tensor {gguf_name!r}")
-    return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
+    return f"model.layers.{layer}.{names[part]}.{kind}"
 
 
 def _dequantize(tensor: ReaderTensor) -> np.ndarray:

@@ -15,11 +15,16 @@ from transformers import PreTrainedTokenizerBase
 
 from superinfer.model.config import ModelConfig
 from superinfer.model.cpu_linear import pack_linears
+from superinfer.model.decoder import DecoderForCausalLM
 from superinfer.model.gguf_checkpoint import GGUFCheckpoint
-from superinfer.model.llama import LlamaForCausalLM
+from superinfer.model.quant import int4_kernel_available, quantize_linears
+from superinfer.model.registry import hf_architecture
 from superinfer.model.tokenizer import load_tokenizer
 
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+QUANTIZATIONS = ("auto", "none", "gguf")
+AUTO_INT4 = True  # measured faster (single-request TPOT): benchmarks/quantized_decode.py
+AUTO_MAX_INT4_ROWS = 4  # auto: steps of more rows run the dense copy (Int4Linear.keep_dense)
 
 
 @dataclass(frozen=True)
@@ -30,11 +35,12 @@ class CheckpointInfo:
     format: str  # "gguf" | "safetensors"
     architecture: str  # "llama" (GGUF), "LlamaForCausalLM" (HF)
     quantization: str  # "Q4_1", "awq", "none"
+    num_quantized_linears: int = 0  # linear layers run on their quantized weights
 
 
 @dataclass
 class LoadedModel:
-    model: LlamaForCausalLM
+    model: DecoderForCausalLM
     config: ModelConfig
     tokenizer: PreTrainedTokenizerBase
     checkpoint: CheckpointInfo
@@ -63,16 +69,26 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
     pack_weights: bool = True,
+    quantization: str = "auto",
 ) -> LoadedModel:
     """Load `model`: None (the default GGUF), a `.gguf` file, or a Hugging Face directory
-    with config.json and *.safetensors (Llama, SmolLM, Mistral or Qwen2).
+    with config.json and *.safetensors, of an architecture in the registry
+    (`superinfer.model.registry`, docs/models.md).
 
     On CPU, `pack_weights` prepacks linear weights for oneDNN (faster; the model can then
-    not load other weights or change dtype)."""
-    path = default_model_path() if model is None else os.path.expanduser(model)
+    not load other weights or change dtype).
+
+    `quantization` (vLLM's `--quantization`): "gguf" runs a GGUF file's Q4_0, Q4_1 and Q8_0
+    linear layers on their quantized weights (CPU, `superinfer.model.quant`); "none"
+    dequantizes them to `dtype`; "auto" is "gguf" where that was measured faster
+    (`auto_quantizes`), for steps of up to AUTO_MAX_INT4_ROWS rows (decode of a few
+    sequences), keeping the dense layers for larger steps; else "none"."""
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
+    path = default_model_path() if model is None else resolve_model(model)
     device = torch.device(device)
     if os.path.isfile(path) and path.endswith(".gguf"):
-        loaded = _load_gguf(path, dtype, device)
+        loaded = _load_gguf(path, dtype, device, quantization)
     elif os.path.isfile(os.path.join(path, "config.json")):
         loaded = _load_hf_dir(path, dtype, device)
     else:
@@ -86,41 +102,112 @@ def load_model(
     return loaded
 
 
+HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken", "*.txt"]
+
+
+def resolve_model(model: str) -> str:
+    """A local path as is; a Hugging Face model id ("org/name") through the Hugging Face
+    cache, as vLLM does: downloaded (config, safetensors, tokenizer files) when the network
+    allows, the cached snapshot used as is offline (HF_HUB_OFFLINE=1)."""
+    path = os.path.expanduser(model)
+    if os.path.exists(path) or not _looks_like_model_id(model):
+        return path
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        return snapshot_download(model, allow_patterns=HUB_PATTERNS)
+    except LocalEntryNotFoundError as e:
+        raise ValueError(
+            f"model {model!r} is neither a local path nor in the Hugging Face cache, and "
+            f"cannot be downloaded now ({e.__class__.__name__}: offline or no network)"
+        ) from e
+    except HfHubHTTPError as e:
+        raise ValueError(f"model {model!r}: the Hugging Face Hub refused it: {e}") from e
+
+
+def _looks_like_model_id(model: str) -> bool:
+    parts = model.split("/")
+    return len(parts) == 2 and all(parts) and not model.startswith((".", "~"))
+
+
 def build_model(
     config: ModelConfig,
     weights: Iterable[tuple[str, Tensor]],
     dtype: torch.dtype,
     device: torch.device,
     interleaved_qk: bool = False,
-) -> LlamaForCausalLM:
+) -> DecoderForCausalLM:
     """Allocate the model without initialising it, then copy in HF-named `weights`
     (see `superinfer.model.weights.load_hf_weights` for `interleaved_qk`)."""
     with torch.device("meta"):
-        model = LlamaForCausalLM(config).to(dtype)
+        model = DecoderForCausalLM(config).to(dtype)
     model.to_empty(device=device)
     model.tie_weights()  # to_empty unties shared parameters
     model.load_weights(weights, interleaved_qk)
     return model.eval()
 
 
-def _load_gguf(path: str, dtype: torch.dtype, device: torch.device) -> LoadedModel:
+def load_gguf_model(
+    path: str, dtype: torch.dtype, device: torch.device, quantization: str = "auto"
+) -> tuple[DecoderForCausalLM, CheckpointInfo]:
+    """The model of a GGUF file (without its tokenizer), quantized as `load_model` says."""
     checkpoint = GGUFCheckpoint(path)
     config = checkpoint.config()
     model = build_model(config, checkpoint.weights(), dtype, device, checkpoint.interleaved_qk)
-    info = CheckpointInfo(path, "gguf", checkpoint.architecture, checkpoint.quantization)
-    return LoadedModel(model, config, load_tokenizer(path), info)
+    swapped = []
+    if _quantizes(quantization, dtype, device):
+        hybrid = AUTO_MAX_INT4_ROWS if quantization == "auto" else None
+        swapped = quantize_linears(model, checkpoint.tensors, checkpoint.interleaved_qk, hybrid)
+    if quantization == "gguf" and not swapped:
+        raise ValueError(f"--quantization gguf: {path} has no Q4_0, Q4_1 or Q8_0 linear layer")
+    info = CheckpointInfo(path, "gguf", checkpoint.architecture, checkpoint.quantization,
+                          len(swapped))  # fmt: skip
+    return model, info
+
+
+def _quantizes(quantization: str, dtype: torch.dtype, device: torch.device) -> bool:
+    if quantization == "none":
+        return False
+    if quantization == "gguf" and (device.type != "cpu" or not int4_kernel_available()):
+        raise ValueError("--quantization gguf runs on the CPU, with torch's int4 kernel")
+    return quantization == "gguf" or auto_quantizes(dtype, device)
+
+
+def auto_quantizes(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether `--quantization auto` runs GGUF weights quantized: on the CPU in bfloat16
+    (the kernel's dtype; in float32 it would round activations), where
+    benchmarks/quantized_decode.py measured it faster."""
+    return AUTO_INT4 and device.type == "cpu" and dtype == torch.bfloat16 and (
+        int4_kernel_available())  # fmt: skip
+
+
+def _load_gguf(
+    path: str, dtype: torch.dtype, device: torch.device, quantization: str
+) -> LoadedModel:
+    model, info = load_gguf_model(path, dtype, device, quantization)
+    return LoadedModel(model, model.config, load_tokenizer(path), info)
 
 
 def _load_hf_dir(path: str, dtype: torch.dtype, device: torch.device) -> LoadedModel:
     with open(os.path.join(path, "config.json")) as f:
         hf_config = json.load(f)
-    config = ModelConfig.from_hf_config(hf_config)
+    arch = hf_architecture(hf_config)
+    quantization = (hf_config.get("quantization_config") or {}).get("quant_method", "none")
+    if quantization != "none":
+        raise ValueError(
+            f"{path}: {quantization} checkpoints are not supported; quantized execution "
+            "covers GGUF Q4_0, Q4_1 and Q8_0 (docs/models.md)"
+        )
+    config = arch.hf_config(hf_config)
+    config.architecture = arch.name
     config.name = os.path.basename(os.path.normpath(path))
     config.eos_token_id = _merge_generation_eos(path, config.eos_token_ids) or None
-    model = build_model(config, _safetensors_weights(path), dtype, device)
-    architecture = (hf_config.get("architectures") or [hf_config.get("model_type", "unknown")])[0]
-    quantization = (hf_config.get("quantization_config") or {}).get("quant_method", "none")
-    info = CheckpointInfo(path, "safetensors", architecture, quantization)
+    weights = _safetensors_weights(path)
+    if arch.hf_weights is not None:
+        weights = arch.hf_weights(weights, config)
+    model = build_model(config, weights, dtype, device)
+    info = CheckpointInfo(path, "safetensors", arch.name, quantization)
     return LoadedModel(model, config, load_tokenizer(path), info)
 
 
@@ -130,7 +217,7 @@ def _safetensors_weights(path: str) -> Iterator[tuple[str, Tensor]]:
         raise ValueError(f"no *.safetensors weights in {path!r}")
     for filename in files:
         with safe_open(os.path.join(path, filename), framework="pt") as f:
-            for name in f.keys():
+            for name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
                 yield name, f.get_tensor(name)
 
 

@@ -15,24 +15,84 @@ import torch
 from torch import Tensor, nn
 
 
-def rope_inv_freq(
-    head_dim: int, theta: float, scaling: dict[str, Any] | None = None
-) -> Tensor:
-    """Inverse frequencies (head_dim // 2,) in float32 (as transformers computes them)."""
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None = None) -> Tensor:
+    """Inverse frequencies (head_dim // 2,) in float32 (as transformers computes them).
+
+    For "dynamic" these are the frequencies within the original context; see
+    `dynamic_inv_freq` beyond it."""
     exponents = torch.arange(0, head_dim, 2, dtype=torch.float32, device="cpu") / head_dim
     inv_freq = 1.0 / theta**exponents
     rope_type = (scaling or {}).get("rope_type", "default")
-    if rope_type == "default":
+    if rope_type in ("default", "dynamic"):
         pass
     elif rope_type == "linear":
         inv_freq = inv_freq / scaling["factor"]
     elif rope_type == "llama3":
         inv_freq = _llama3_inv_freq(inv_freq, scaling)
+    elif rope_type == "yarn":
+        inv_freq = _yarn_inv_freq(inv_freq, head_dim, theta, scaling)
     elif rope_type == "freq_factors":
         inv_freq = inv_freq / torch.tensor(scaling["factors"], device="cpu")
     else:
         raise ValueError(f"unsupported rope scaling type {rope_type!r}")
     return inv_freq
+
+
+def rope_attention_factor(scaling: dict[str, Any] | None) -> float:
+    """How much RoPE scales q and k (YaRN's attention factor; 1 for the other types)."""
+    if (scaling or {}).get("rope_type") != "yarn":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    factor = _yarn_factor(scaling)
+    mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+    if mscale and mscale_all_dim:
+        return _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
+    return _yarn_mscale(factor)
+
+
+def dynamic_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any], seq_len: int) -> Tensor:
+    """Dynamic NTK: past `max_position_embeddings`, a larger base for `seq_len` positions."""
+    factor, max_len = scaling["factor"], scaling["max_position_embeddings"]
+    seq_len = max(seq_len, max_len)
+    base = theta * ((factor * seq_len / max_len) - (factor - 1)) ** (head_dim / (head_dim - 2))
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
+    return 1.0 / base**exponents
+
+
+def _yarn_factor(scaling: dict[str, Any]) -> float:
+    if scaling.get("factor") is not None:
+        return scaling["factor"]
+    return scaling["max_position_embeddings"] / scaling["original_max_position_embeddings"]
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _yarn_inv_freq(inv_freq: Tensor, head_dim: int, theta: float, scaling: dict) -> Tensor:
+    """YaRN: interpolate (divide by `factor`) the low frequencies, keep the high ones, with a
+    linear ramp over the dims between beta_slow and beta_fast rotations in the old context."""
+    factor = _yarn_factor(scaling)
+    old_context = scaling.get("original_max_position_embeddings")
+    old_context = old_context or scaling["max_position_embeddings"]
+    beta_fast, beta_slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+
+    def dim_of(num_rotations: float) -> float:  # the dim that turns num_rotations times
+        return (
+            head_dim * math.log(old_context / (num_rotations * 2 * math.pi)) / (2 * math.log(theta))
+        )
+
+    low, high = dim_of(beta_fast), dim_of(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    high = high + 0.001 if low == high else high
+    ramp = (
+        (torch.arange(head_dim // 2, dtype=torch.float32, device="cpu") - low) / (high - low)
+    ).clamp(0, 1)
+    keep = 1 - ramp  # 1: extrapolate (keep), 0: interpolate
+    return inv_freq / factor * (1 - keep) + inv_freq * keep
 
 
 def _llama3_inv_freq(inv_freq: Tensor, scaling: dict[str, Any]) -> Tensor:
@@ -50,16 +110,25 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, theta: float, scaling: dict[str, Any] | None = None) -> None:
         super().__init__()
-        self.head_dim = head_dim
+        self.head_dim, self.theta, self.scaling = head_dim, theta, scaling
         # a plain attribute, not a buffer: model.to(bfloat16) must not round the frequencies
         self.inv_freq = rope_inv_freq(head_dim, theta, scaling)  # (D/2,)
+        self.magnitude = rope_attention_factor(scaling)
+        self.is_dynamic = (scaling or {}).get("rope_type") == "dynamic"
 
     def forward(self, positions: Tensor) -> Tensor:
         """(T,) positions -> (T, 1, D/2) complex64 rotations, broadcastable over heads."""
         if self.inv_freq.device != positions.device:
             self.inv_freq = self.inv_freq.to(positions.device)
-        angles = positions.unsqueeze(1).float() * self.inv_freq  # (T, D/2)
-        return torch.polar(torch.ones_like(angles), angles).unsqueeze(1)
+        inv_freq = self.inv_freq
+        if self.is_dynamic:  # as transformers: from the step's longest sequence
+            seq_len = int(positions.max()) + 1
+            if seq_len > self.scaling["max_position_embeddings"]:
+                inv_freq = dynamic_inv_freq(self.head_dim, self.theta, self.scaling, seq_len)
+                inv_freq = inv_freq.to(positions.device)
+        angles = positions.unsqueeze(1).float() * inv_freq  # (T, D/2)
+        magnitude = torch.full_like(angles, self.magnitude)
+        return torch.polar(magnitude, angles).unsqueeze(1)
 
 
 def apply_rotary(x: Tensor, rotation: Tensor) -> Tensor:

@@ -47,8 +47,9 @@ def _cache_path(gguf_path: str) -> str | None:
     if not root:
         return None
     stat = os.stat(gguf_path)
-    identity = (f"{os.path.abspath(gguf_path)}|{stat.st_size}|{stat.st_mtime_ns}"
-                f"|{transformers.__version__}")
+    identity = (
+        f"{os.path.abspath(gguf_path)}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
+    )
     key = hashlib.sha256(identity.encode()).hexdigest()[:24]
     return os.path.join(root, "tokenizers", key)
 

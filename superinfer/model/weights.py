@@ -1,71 +1,93 @@
-"""Copy a Hugging Face-named checkpoint into a LlamaForCausalLM, fusing q/k/v and gate/up."""
+"""Copy a checkpoint under canonical Hugging Face names into a DecoderForCausalLM, fusing
+q/k/v, gate/up and the experts' projections.
+
+Canonical names are those of transformers' Llama, plus `self_attn.{q,k}_norm`, the
+sandwich norms (`pre_`/`post_feedforward_layernorm`), the router `mlp.gate` and
+`mlp.experts.{j}.{gate,up,down}_proj`; a family whose checkpoints differ renames them first
+(`Architecture.hf_weights`).
+"""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from torch import Tensor, nn
 
 if TYPE_CHECKING:
-    from superinfer.model.llama import LlamaForCausalLM
+    from superinfer.model.decoder import DecoderForCausalLM
 
 # Hugging Face projection name -> (fused parameter, index of its part)
 _FUSED_PARTS = {
     "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
     "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
-}
-_ROTATED = ("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias")
+}  # fmt: skip
+_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+_ROTATED = ("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias",
+            "q_norm.weight", "k_norm.weight")  # fmt: skip
+
+Part = tuple[int, ...]  # (part of a fused projection) or (expert, part)
 
 
 def load_hf_weights(
-    model: LlamaForCausalLM, weights: Iterable[tuple[str, Tensor]], interleaved_qk: bool = False
+    model: DecoderForCausalLM, weights: Iterable[tuple[str, Tensor]], interleaved_qk: bool = False
 ) -> None:
     """Copy `weights` (name, tensor) into `model`; raise ValueError on a missing, unknown or
     misshapen weight.
 
     RoPE rotates pairs of q/k dims: halves (i, i + D/2) of each head in HF checkpoints,
     interleaved (2i, 2i + 1) in llama.cpp's GGUF files (`interleaved_qk`) and in this model,
-    so HF q/k rows are reordered on the way in.
+    so HF q/k rows (and q/k norm weights) are reordered on the way in.
     """
     config = model.config
     params = dict(model.named_parameters())
-    loaded: set[tuple[str, int]] = set()
+    loaded: set[tuple[str, Part]] = set()
     for name, tensor in weights:
         if "rotary_emb" in name or (name == "lm_head.weight" and config.tie_word_embeddings):
             continue
         if name.endswith(_ROTATED) and not interleaved_qk:
             tensor = interleave_rope_rows(tensor, config.head_dim)
         loaded.add(_load_one(model, params, name, tensor))
-    missing = sorted(str(p) for p in _expected_parts(params) - loaded)
+    missing = sorted(str(p) for p in _expected_parts(model, params) - loaded)
     if missing:
         raise ValueError(f"checkpoint lacks weights for {missing[:8]} ({len(missing)} in all)")
 
 
 def interleave_rope_rows(w: Tensor, head_dim: int) -> Tensor:
-    """Reorder q/k projection rows (or bias) from rotate-half pairs (i, i + D/2) of each head
-    to interleaved pairs (2i, 2i + 1)."""
+    """Reorder q/k projection rows (or bias, or norm weight) from rotate-half pairs
+    (i, i + D/2) of each head to interleaved pairs (2i, 2i + 1)."""
     heads = w.reshape(-1, 2, head_dim // 2, *w.shape[1:])  # (n, 2, D/2, ...)
     return heads.transpose(1, 2).reshape(w.shape)
 
 
-def _load_one(
-    model: LlamaForCausalLM, params: dict[str, nn.Parameter], name: str, tensor: Tensor
-) -> tuple[str, int]:
-    """Copy one checkpoint tensor; returns (parameter name, part of a fused parameter)."""
+def _target(name: str) -> tuple[str, Part]:
+    """The parameter a canonical checkpoint name goes to, and which part of it."""
+    if match := _EXPERT.match(name):
+        prefix, expert, proj = match[1], int(match[2]), match[3]
+        if proj == "down_proj":
+            return f"{prefix}.down_proj", (expert,)
+        return f"{prefix}.gate_up_proj", (expert, _FUSED_PARTS[proj][1])
     module, _, kind = name.rpartition(".")  # kind: weight or bias
     parent, _, proj = module.rpartition(".")
-    target, part = name, 0
-    if proj in _FUSED_PARTS:
+    if proj in _FUSED_PARTS and not parent.endswith(".experts"):
         fused, part = _FUSED_PARTS[proj]
-        target = f"{parent}.{fused}.{kind}"
+        return f"{parent}.{fused}.{kind}", (part,)
+    return name, ()
+
+
+def _load_one(
+    model: DecoderForCausalLM, params: dict[str, nn.Parameter], name: str, tensor: Tensor
+) -> tuple[str, Part]:
+    """Copy one checkpoint tensor; returns (parameter name, part of a fused parameter)."""
+    target, part = _target(name)
     if target not in params:
-        raise ValueError(f"unexpected weight {name!r} for {type(model).__name__}")
-    param, rows = params[target], _part_rows(model, target, part)
-    dest = param.data[rows]
+        raise ValueError(f"unexpected weight {name!r} for {model.config.architecture}")
+    param = params[target]
+    dest = _part_view(model, target, param.data, part)
     if dest.shape != tensor.shape:
         raise ValueError(f"weight {name!r} has shape {tuple(tensor.shape)}, "
-                         f"expected {tuple(dest.shape)}")
+                         f"expected {tuple(dest.shape)}")  # fmt: skip
     if dest.shape == param.shape and _adoptable(tensor, param):
         param.data = tensor  # no copy into fresh memory
     else:
@@ -73,27 +95,48 @@ def _load_one(
     return target, part
 
 
-def _part_rows(model: LlamaForCausalLM, target: str, part: int) -> slice:
-    """Rows of a fused parameter that hold its `part`-th projection."""
+def _part_view(model: DecoderForCausalLM, target: str, data: Tensor, part: Part) -> Tensor:
+    """The rows of a fused parameter that hold `part`."""
+    if target.endswith("experts.down_proj"):
+        return data[part[0]]
+    if target.endswith("experts.gate_up_proj"):
+        data, part = data[part[0]], part[1:]
+    if not part:
+        return data
+    sizes = _part_sizes(model, target)
+    start = sum(sizes[: part[0]])
+    return data[start : start + sizes[part[0]]]
+
+
+def _part_sizes(model: DecoderForCausalLM, target: str) -> list[int]:
     c = model.config
     if ".qkv_proj." in target:
-        sizes = [c.num_heads * c.head_dim] + [c.num_kv_heads * c.head_dim] * 2
-    elif ".gate_up_proj." in target:
-        sizes = [c.intermediate_size] * 2
-    else:
-        return slice(None)
-    start = sum(sizes[:part])
-    return slice(start, start + sizes[part])
+        return [c.num_heads * c.head_dim] + [c.num_kv_heads * c.head_dim] * 2
+    if target.endswith("experts.gate_up_proj"):
+        return [c.moe_intermediate_size] * 2
+    return [c.intermediate_size] * 2  # gate_up_proj
 
 
-def _expected_parts(params: dict[str, nn.Parameter]) -> set[tuple[str, int]]:
-    def num_parts(name: str) -> int:
-        return 3 if ".qkv_proj." in name else 2 if ".gate_up_proj." in name else 1
-
-    return {(name, part) for name in params for part in range(num_parts(name))}
+def _expected_parts(
+    model: DecoderForCausalLM, params: dict[str, nn.Parameter]
+) -> set[tuple[str, Part]]:
+    num_experts = model.config.num_experts
+    expected: set[tuple[str, Part]] = set()
+    for name in params:
+        if name.endswith("experts.down_proj"):
+            expected |= {(name, (e,)) for e in range(num_experts)}
+        elif name.endswith("experts.gate_up_proj"):
+            expected |= {(name, (e, i)) for e in range(num_experts) for i in range(2)}
+        elif ".qkv_proj." in name:
+            expected |= {(name, (i,)) for i in range(3)}
+        elif ".gate_up_proj." in name:
+            expected |= {(name, (i,)) for i in range(2)}
+        else:
+            expected.add((name, ()))
+    return expected
 
 
 def _adoptable(tensor: Tensor, param: Tensor) -> bool:
     """Whether `tensor` can become the parameter's storage as is."""
     return (tensor.dtype == param.dtype and tensor.device == param.device
-            and tensor.is_contiguous())
+            and tensor.is_contiguous())  # fmt: skip

@@ -8,11 +8,11 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
-from superinfer.model.loader import LoadedModel, default_model_path, load_model  # noqa: E402
-from tests.model.tiny import save_tiny, tiny_llama_config, tiny_qwen2_config  # noqa: E402
+from superinfer.model.loader import LoadedModel, default_model_path, load_model
+from tests.model.tiny import save_tiny, tiny_llama_config, tiny_qwen2_config
 
 
 @pytest.fixture(scope="session", autouse=True)

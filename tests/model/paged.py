@@ -15,14 +15,21 @@ from superinfer.model.llama import LlamaForCausalLM
 
 
 class PagedRun:
-    def __init__(self, model: LlamaForCausalLM, num_blocks: int = 64, block_size: int = 8,
-                 seed: int = 0) -> None:
+    def __init__(
+        self, model: LlamaForCausalLM, num_blocks: int = 64, block_size: int = 8, seed: int = 0
+    ) -> None:
         c = model.config
         self.model, self.block_size = model, block_size
         self.device = model.model.embed_tokens.weight.device
         self.kv_cache = torch.zeros(
-            num_blocks, c.num_layers, 2, block_size, c.num_kv_heads, c.head_dim,
-            dtype=model.dtype, device=self.device,
+            num_blocks,
+            c.num_layers,
+            2,
+            block_size,
+            c.num_kv_heads,
+            c.head_dim,
+            dtype=model.dtype,
+            device=self.device,
         )
         self.free_blocks = list(range(num_blocks))
         random.Random(seed).shuffle(self.free_blocks)
@@ -54,8 +61,11 @@ class PagedRun:
         """Run (seq, num_query_tokens) pairs packed in one forward. Returns float32 logits of
         each sequence's last token (S, V), or of every token (T, V) if `all_logits`."""
         entries = [self.entry(seq, n) for seq, n in work]
-        input_ids = [t for (seq, n) in work
-                     for t in self.tokens[seq][self.num_cached[seq]:self.num_cached[seq] + n]]
+        input_ids = [
+            t
+            for (seq, n) in work
+            for t in self.tokens[seq][self.num_cached[seq] : self.num_cached[seq] + n]
+        ]
         meta = AttentionMetadata.build(entries, self.block_size, self.device)
         with torch.inference_mode():
             input_ids = torch.tensor(input_ids, device=self.device)

@@ -11,11 +11,13 @@ def _build(entries: list[SeqEntry], block_size: int = 4) -> AttentionMetadata:
 
 
 def test_mixed_step_by_hand() -> None:
-    meta = _build([
-        SeqEntry(3, 0, [7]),  # fresh prompt: positions 0..2 in block 7
-        SeqEntry(1, 5, [2, 9]),  # decode at position 5: block 9, offset 1
-        SeqEntry(2, 9, [4, 1, 8]),  # chunk at positions 9, 10: block 8, offsets 1, 2
-    ])
+    meta = _build(
+        [
+            SeqEntry(3, 0, [7]),  # fresh prompt: positions 0..2 in block 7
+            SeqEntry(1, 5, [2, 9]),  # decode at position 5: block 9, offset 1
+            SeqEntry(2, 9, [4, 1, 8]),  # chunk at positions 9, 10: block 8, offsets 1, 2
+        ]
+    )
     assert meta.num_tokens == 6
     assert meta.positions.tolist() == [0, 1, 2, 5, 9, 10]
     assert meta.slot_blocks.tolist() == [7, 7, 7, 9, 8, 8]
@@ -60,12 +62,15 @@ def test_pure_prefill_has_no_decode_batch() -> None:
     assert meta.positions.tolist() == [0, 1, 2, 3, 4, 4, 5, 6, 7]
 
 
-@pytest.mark.parametrize("entries", [
-    [],
-    [SeqEntry(0, 3, [1])],
-    [SeqEntry(2, -1, [1])],
-    [SeqEntry(3, 2, [1])],  # 5 tokens need two blocks of 4
-])
+@pytest.mark.parametrize(
+    "entries",
+    [
+        [],
+        [SeqEntry(0, 3, [1])],
+        [SeqEntry(2, -1, [1])],
+        [SeqEntry(3, 2, [1])],  # 5 tokens need two blocks of 4
+    ],
+)
 def test_bad_entries_are_rejected(entries: list[SeqEntry]) -> None:
     with pytest.raises(ValueError):
         _build(entries)
@@ -73,7 +78,12 @@ def test_bad_entries_are_rejected(entries: list[SeqEntry]) -> None:
 
 def test_tensors_have_the_expected_dtypes() -> None:
     meta = _build([SeqEntry(1, 0, [0]), SeqEntry(2, 0, [1])])
-    for t in (meta.positions, meta.slot_blocks, meta.slot_offsets, meta.logits_indices,
-              meta.decode.block_ids):
+    for t in (
+        meta.positions,
+        meta.slot_blocks,
+        meta.slot_offsets,
+        meta.logits_indices,
+        meta.decode.block_ids,
+    ):
         assert t.dtype == torch.long
     assert meta.decode.mask.dtype == torch.bool

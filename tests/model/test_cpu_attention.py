@@ -18,8 +18,14 @@ pytestmark = pytest.mark.skipif(
 NUM_LAYERS, LAYER, BLOCK_SIZE = 3, 1, 16
 
 
-def _case(lengths: list[int], num_heads: int, num_kv_heads: int, head_dim: int,
-          dtype: torch.dtype, seed: int = 0):
+def _case(
+    lengths: list[int],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    seed: int = 0,
+):
     gen = torch.Generator().manual_seed(seed)
     num_blocks = sum(-(-n // BLOCK_SIZE) for n in lengths) + 8
     cache = torch.randn(num_blocks, NUM_LAYERS, 2, BLOCK_SIZE, num_kv_heads, head_dim,
@@ -70,7 +76,7 @@ def test_reads_only_its_own_layer_and_blocks():
     cache[unused] = float("nan")  # other blocks
     cache[:, LAYER + 1] = float("nan")  # another layer
     # slots past each sequence's length in its last block
-    cache[tables[0, 2], LAYER, :, 40 - 32:] = float("nan")
+    cache[tables[0, 2], LAYER, :, 40 - 32 :] = float("nan")
     torch.testing.assert_close(kernel(q, cache, LAYER, tables, seq_lens), before)
 
 

@@ -21,8 +21,8 @@ from superinfer.model.cpu_linear import (
     padded_num_rows,
 )
 from superinfer.model.llama import RMSNorm
-from superinfer.model.weights import interleave_rope_rows
 from superinfer.model.rotary import RotaryEmbedding, apply_rotary, rope_inv_freq
+from superinfer.model.weights import interleave_rope_rows
 
 LLAMA3_SCALING = {
     "rope_type": "llama3",
@@ -65,8 +65,8 @@ def test_gguf_frequency_factors_divide() -> None:
 
 
 def test_unknown_rope_type_is_rejected() -> None:
-    with pytest.raises(ValueError, match="yarn"):
-        rope_inv_freq(64, 10000.0, {"rope_type": "yarn", "factor": 4.0})
+    with pytest.raises(ValueError, match="longrope"):
+        rope_inv_freq(64, 10000.0, {"rope_type": "longrope", "factor": 4.0})
 
 
 def _interleave_last_dim(x: torch.Tensor) -> torch.Tensor:

@@ -29,13 +29,19 @@ def test_hf_directory_matches_transformers(name: str, device: str, request) -> N
     reference = _reference(directory)
     with torch.inference_mode():
         expected = reference(torch.tensor([PROMPT])).logits[0]
-        generated = reference.generate(torch.tensor([PROMPT]), max_new_tokens=8, do_sample=False,
-                                       min_new_tokens=8, pad_token_id=0)
+        generated = reference.generate(
+            torch.tensor([PROMPT]),
+            max_new_tokens=8,
+            do_sample=False,
+            min_new_tokens=8,
+            pad_token_id=0,
+        )
     run = PagedRun(loaded.model, num_blocks=16, block_size=4)
     seq = run.add(PROMPT)
-    torch.testing.assert_close(run.step([(seq, len(PROMPT))], all_logits=True), expected,
-                               rtol=1e-4, atol=1e-4)
-    new_tokens = generated[0, len(PROMPT):].tolist()
+    torch.testing.assert_close(
+        run.step([(seq, len(PROMPT))], all_logits=True), expected, rtol=1e-4, atol=1e-4
+    )
+    new_tokens = generated[0, len(PROMPT) :].tolist()
     assert PagedRun(loaded.model, 16, 4).greedy(PROMPT, 8) == new_tokens
     assert loaded.tokenizer.convert_tokens_to_ids(["w3", "w7"]) == [3, 7]
     assert loaded.config.name == directory.name
@@ -104,6 +110,35 @@ def test_default_gguf_config_and_tokenizer(smollm) -> None:
     assert c.head_dim == 64
     assert c.vocab_size == 49152 and c.tie_word_embeddings and c.rope_scaling is None
     assert c.eos_token_ids == [2] and c.rope_theta == 100000.0
-    chat = smollm.tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}],
-                                                tokenize=False, add_generation_prompt=True)
+    chat = smollm.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True
+    )
     assert "<|im_start|>assistant" in chat
+
+
+def _cache_snapshot(cache: Path, repo_id: str, source: Path) -> Path:
+    """Lay `source` out as the Hugging Face cache holds a downloaded snapshot."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for f in source.iterdir():
+        (snapshot / f.name).write_bytes(f.read_bytes())
+    return snapshot
+
+
+def test_model_id_resolves_through_the_hf_cache_offline(tmp_path, tiny_llama, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    snapshot = _cache_snapshot(tmp_path, "tiny-org/tiny-llama", tiny_llama)
+    loaded = load_model("tiny-org/tiny-llama", torch.float32, "cpu", pack_weights=False)
+    assert loaded.checkpoint.path == str(snapshot)
+    assert PagedRun(loaded.model, 16, 4).greedy(PROMPT, 4) == PagedRun(
+        load_model(str(tiny_llama), torch.float32, "cpu", pack_weights=False).model, 16, 4
+    ).greedy(PROMPT, 4)
+    with pytest.raises(ValueError, match="Hugging Face cache"):
+        load_model("tiny-org/not-cached", torch.float32, "cpu")

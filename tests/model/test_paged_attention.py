@@ -52,8 +52,8 @@ def test_matches_dense_attention(
         full_k.append(torch.cat([cache[ctx_blocks, LAYER, 0, ctx_offsets], k_new]))
         full_v.append(torch.cat([cache[ctx_blocks, LAYER, 1, ctx_offsets], v_new]))
         entries.append(SeqEntry(num_query, num_context, table))
-    k = torch.cat([fk[e.num_context_tokens:] for fk, e in zip(full_k, entries)])
-    v = torch.cat([fv[e.num_context_tokens:] for fv, e in zip(full_v, entries)])
+    k = torch.cat([fk[e.num_context_tokens :] for fk, e in zip(full_k, entries)])
+    v = torch.cat([fv[e.num_context_tokens :] for fv, e in zip(full_v, entries)])
     q = torch.randn(k.shape[0], NUM_HEADS, HEAD_DIM, generator=gen)
     meta = AttentionMetadata.build(entries, block_size, device)
     on_device = [x.to(device) for x in (q, k, v, cache)]

@@ -9,9 +9,11 @@ from tests.model.paged import PagedRun
 
 PROMPTS = [
     "The capital of France is",
-    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
-    "Once upon a time, in a small village at the edge of a great forest, there lived an old "
-    "clockmaker who",
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
+    (
+        "Once upon a time, in a small village at the edge of a great forest, there lived an old "
+        "clockmaker who"
+    ),
     "Q: What is 12 times 7?\nA:",
 ]
 
@@ -43,8 +45,9 @@ def test_packed_prompts_match_transformers(smollm, hf_smollm) -> None:
         _assert_close(rows, _reference_logits(hf_smollm, ids))
 
 
-def _chunked_greedy(run: PagedRun, prompts: list[list[int]], plans: list[list[int]],
-                    num_new_tokens: int) -> list[list[int]]:
+def _chunked_greedy(
+    run: PagedRun, prompts: list[list[int]], plans: list[list[int]], num_new_tokens: int
+) -> list[list[int]]:
     """Prefill each prompt in the chunks of its plan (one chunk per step, 0 = idle, -1 = the
     rest), then decode greedily; sequences in different phases share steps."""
     seqs = [run.add(p) for p in prompts]
@@ -76,9 +79,14 @@ def test_chunked_prefill_and_batched_decode_match_generate(smollm, hf_smollm) ->
     ours = _chunked_greedy(PagedRun(smollm.model, 64, 8, seed=1), prompts, plans, 16)
     for ids, tokens in zip(prompts, ours):
         with torch.inference_mode():
-            out = hf_smollm.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False,
-                                     min_new_tokens=16, pad_token_id=0)
-        assert tokens == out[0, len(ids):].tolist()
+            out = hf_smollm.generate(
+                torch.tensor([ids]),
+                max_new_tokens=16,
+                do_sample=False,
+                min_new_tokens=16,
+                pad_token_id=0,
+            )
+        assert tokens == out[0, len(ids) :].tolist()
 
 
 def test_mixed_step_equals_separate_steps(smollm) -> None:
@@ -110,3 +118,36 @@ def test_bfloat16_agrees_with_float32(smollm_bf16, hf_smollm) -> None:
     for s in seqs:
         run.tokens[s].append(int(logits[s].argmax()))
     assert torch.isfinite(run.step([(s, 1) for s in seqs])).all()
+
+
+def _greedy_with_margins(model, ids: list[int], num_new_tokens: int):
+    """Greedy tokens and, per step, the gap between the top two logits."""
+    run = PagedRun(model, num_blocks=64, block_size=16)
+    seq = run.add(ids)
+    tokens, margins, logits = [], [], run.step([(seq, len(ids))])
+    for _ in range(num_new_tokens):
+        top2 = logits[0].topk(2).values
+        margins.append(float(top2[0] - top2[1]))
+        tokens.append(int(logits[0].argmax()))
+        run.tokens[seq].append(tokens[-1])
+        logits = run.step([(seq, 1)])
+    return tokens, margins
+
+
+def test_quantized_execution_keeps_the_greedy_tokens(smollm_bf16) -> None:
+    """The Q4_1 file kept quantized (int4 kernel) against the same file dequantized to
+    bfloat16: identical tokens, or a first divergence where the dequantized run's top two
+    logits are within bfloat16's rounding of each other (a tie)."""
+    from superinfer.model.loader import default_model_path, load_gguf_model
+    from superinfer.model.quant import Int4Linear
+
+    path = default_model_path()
+    quantized, info = load_gguf_model(path, torch.bfloat16, torch.device("cpu"), "gguf")
+    dense, _ = load_gguf_model(path, torch.bfloat16, torch.device("cpu"), "none")
+    assert info.num_quantized_linears == 121  # 30 layers x (qkv, o, gate_up, down) + lm_head
+    assert any(isinstance(m, Int4Linear) for m in quantized.modules())
+    for ids in _tokenize(smollm_bf16):
+        ours, _ = _greedy_with_margins(quantized, ids, 32)
+        ref, margins = _greedy_with_margins(dense, ids, 32)
+        step = next((i for i, (a, b) in enumerate(zip(ours, ref)) if a != b), None)
+        assert step is None or margins[step] <= 0.25, (step, margins[step])

@@ -19,8 +19,9 @@ def test_cached_gguf_tokenizer_equals_the_converted_one(tmp_path, monkeypatch) -
     cached = load_tokenizer(default_model_path())
     assert cached.name_or_path == str(tmp_path / "tokenizers" / entry)
     assert cached(TEXT)["input_ids"] == converted(TEXT)["input_ids"]
-    assert (cached.apply_chat_template(MESSAGES, add_generation_prompt=True)
-            == converted.apply_chat_template(MESSAGES, add_generation_prompt=True))
+    assert cached.apply_chat_template(
+        MESSAGES, add_generation_prompt=True
+    ) == converted.apply_chat_template(MESSAGES, add_generation_prompt=True)
     assert (cached.bos_token, cached.eos_token) == (converted.bos_token, converted.eos_token)
     assert cached.eos_token_id == 2
 

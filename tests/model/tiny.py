@@ -9,12 +9,25 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config
 
 VOCAB_SIZE = 128
-TINY = dict(vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-            bos_token_id=1, eos_token_id=2)
-LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 4.0,
-               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 16}
+TINY = {
+    "vocab_size": VOCAB_SIZE,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 10000.0,
+    "factor": 4.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+}
 PROMPT = [1, 17, 42, 99, 5, 63, 8, 120, 33, 71, 2, 64, 90]
 
 
@@ -40,3 +53,62 @@ def save_tiny(directory: Path, config, seed: int) -> Path:
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="w0").save_pretrained(directory)
     return directory
+
+
+def tiny_configs() -> dict:
+    """One tiny config per registered architecture (and RoPE variant), built with
+    transformers' own config classes; windows (8) shorter than the test sequences."""
+    import transformers as hf
+
+    small = {**TINY, "head_dim": 16}
+    window = {"sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"]}
+    rope = {"rope_theta": 10000.0}
+    return {
+        "llama": tiny_llama_config(),
+        "llama-linear": hf.LlamaConfig(
+            **TINY, rope_parameters={**rope, "rope_type": "linear", "factor": 2.0}
+        ),
+        "llama-yarn": hf.LlamaConfig(
+            **TINY,
+            rope_parameters={
+                **rope,
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 16,
+            },
+        ),
+        "llama-dynamic": hf.LlamaConfig(
+            **{**TINY, "max_position_embeddings": 24},
+            rope_parameters={**rope, "rope_type": "dynamic", "factor": 2.0},
+        ),
+        "mistral": hf.MistralConfig(**TINY, sliding_window=8),
+        "qwen2": tiny_qwen2_config(),
+        "qwen3": hf.Qwen3Config(**small, tie_word_embeddings=False),
+        "phi3": hf.Phi3Config(**TINY, pad_token_id=0),
+        "gemma": hf.GemmaConfig(**small),
+        "gemma2": hf.Gemma2Config(
+            **small,
+            **window,
+            query_pre_attn_scalar=24,
+            attn_logit_softcapping=3.0,
+            final_logit_softcapping=4.0,
+        ),
+        "gemma3": hf.Gemma3TextConfig(
+            **small,
+            **window,
+            query_pre_attn_scalar=24,
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            },
+        ),
+        "mixtral": hf.MixtralConfig(**TINY, num_local_experts=4, num_experts_per_tok=2),
+        "qwen3_moe": hf.Qwen3MoeConfig(
+            **small,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=48,
+            norm_topk_prob=False,
+            mlp_only_layers=[1],
+        ),
+    }

@@ -1,0 +1,77 @@
+"""docs/models.md, generated from the registry: `python -m superinfer.model.docs > docs/models.md`
+(tests/model/test_docs_models.py checks that the page matches the registry)."""
+
+from __future__ import annotations
+
+from superinfer.model.registry import architectures
+
+HEADER = """# Supported models
+
+Generated from the registry (`superinfer/model/registry.py`, one module per family under
+`superinfer/model/families/`) by `python -m superinfer.model.docs > docs/models.md`; a test
+checks that this page matches it.
+
+`--model` takes a local Hugging Face directory (config.json + *.safetensors), a llama.cpp
+`.gguf` file, or a Hugging Face model id (`org/name`), resolved through the Hugging Face
+cache with `huggingface_hub` as vLLM does: downloaded when the network allows, the cached
+snapshot used offline (`HF_HUB_OFFLINE=1`). An architecture not listed here is refused with
+the list of those that are. `--trust-remote-code`, `--revision` and `--tokenizer` are refused.
+
+| architecture (`architectures` in config.json) | family | GGUF (`general.architecture`) | what differs from Llama | tested |
+|---|---|---|---|---|
+"""
+
+FOOTER = """
+Every architecture runs the one shared decoder (`superinfer/model/decoder.py`): RMSNorm
+(optionally 1 + weight), RoPE (default, linear, llama3, yarn, dynamic, as transformers
+computes them; GGUF `rope_freqs` factors), fused q/k/v and gate/up projections, a gated MLP
+or a mixture of experts (`superinfer/model/moe.py`, grouped matmuls), and the paged
+attention of `superinfer/model/attention.py` (sliding windows masked per layer; the CPU
+decode kernel for full-attention layers). The tests build tiny random models with
+transformers' own config classes and compare greedy tokens over 32 steps in float32,
+batched with mixed lengths and chunked prefill (`tests/model/test_architectures.py`), and,
+for Mistral, Gemma 3 and Qwen3-MoE, through the engine under KV pressure with rotation.
+
+Not supported yet: partial rotary embeddings (Phi-4-mini), LongRoPE (Phi-3 128k), Gemma 3's
+vision tower (text only), GGUF files of the Gemma, Phi-3 and MoE families. Sliding windows
+mask keys out of the window; their blocks are not freed early.
+
+## Quantization
+
+| format | `--quantization` | how it runs |
+|---|---|---|
+| GGUF Q4_0, Q4_1, Q8_0 | `gguf` | kept quantized: each 32-weight block becomes one (scale, zero) group of PyTorch's CPU int4 kernel (`aten._weight_int4pack_mm_for_cpu`, bfloat16 activations); Q8_0 as two 4-bit planes (`superinfer/model/quant.py`) |
+| GGUF, any type gguf-py dequantizes (F16, Q4_K, Q6_K, ...) | `none` | dequantized to `--dtype` at load |
+| safetensors float checkpoints | `none` | as stored, in `--dtype` |
+| AWQ, GPTQ, FP8 checkpoints | - | refused, naming what is supported |
+
+`auto` (the default) is `gguf` where benchmarks/quantized_decode.py measured it faster,
+else `none` (`superinfer.model.loader.auto_quantizes`).
+
+## Adding a model
+
+1. Write `superinfer/model/families/<family>.py`: a function from the HF `config.json` dict
+   to `ModelConfig` (start from `hf_common(cfg)` and turn on the layer variants the family
+   uses), a weight-name mapping if its checkpoints do not use the canonical names
+   (`superinfer/model/weights.py` lists them), and `register(Architecture(...))` per HF
+   `architectures` name, with GGUF names if llama.cpp converts it.
+2. If the family needs a layer variant the decoder lacks, add it to `ModelConfig` (off by
+   default) and to `superinfer/model/decoder.py`, shared with every family.
+3. Import the module in `superinfer/model/families/__init__.py`.
+4. Add a tiny config built with transformers' own config class to `tiny_configs()` in
+   `tests/model/tiny.py`: the parity tests of `tests/model/test_architectures.py` then run
+   on it.
+5. Regenerate this page: `python -m superinfer.model.docs > docs/models.md`.
+"""
+
+
+def models_markdown() -> str:
+    rows = [
+        f"| `{a.name}` | {a.family} | {a.gguf_arch or '-'} | {a.features} | {a.tested} |"
+        for a in architectures().values()
+    ]
+    return HEADER + "\n".join(rows) + "\n" + FOOTER
+
+
+if __name__ == "__main__":
+    print(models_markdown(), end="")

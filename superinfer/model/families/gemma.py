@@ -1,0 +1,82 @@
+"""Gemma, Gemma 2 and Gemma 3 (text): norms that scale by 1 + weight, a scaled embedding,
+GELU (tanh) MLP, tied embeddings; Gemma 2/3 add norms after attention and MLP, interleaved
+sliding/global layers and a query scale of `query_pre_attn_scalar`; Gemma 2 soft-caps
+attention and final logits, Gemma 3 normalises q/k heads and gives local layers their own
+RoPE base."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from superinfer.model.config import FULL, SLIDING, ModelConfig, hf_common, hf_rope
+from superinfer.model.registry import Architecture, register
+
+
+def _gemma_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
+    if act not in ("gelu_pytorch_tanh", "gelu"):  # transformers runs Gemma's "gelu" as tanh
+        raise ValueError(f"unsupported Gemma activation {act!r}")
+    return dict(
+        hf_common(cfg),
+        tie_word_embeddings=cfg.get("tie_word_embeddings", True),
+        norm_offset=1.0,
+        hidden_act="gelu_tanh",
+        embedding_scale=cfg["hidden_size"] ** 0.5,
+    )
+
+
+def gemma_config(cfg: Mapping[str, Any]) -> ModelConfig:
+    return ModelConfig(**_gemma_fields(cfg))
+
+
+def gemma2_config(cfg: Mapping[str, Any]) -> ModelConfig:
+    fields = _gemma_fields(cfg)
+    if fields["sliding_window"] and fields["layer_types"] is None:  # 4.x: even layers local
+        fields["layer_types"] = [
+            SLIDING if i % 2 == 0 else FULL for i in range(fields["num_layers"])
+        ]
+    return ModelConfig(
+        **fields, sandwich_norm=True,
+        attention_scale=cfg.get("query_pre_attn_scalar", fields["head_dim"]) ** -0.5,
+        attn_logit_softcap=cfg.get("attn_logit_softcapping"),
+        final_logit_softcap=cfg.get("final_logit_softcapping"),
+    )  # fmt: skip
+
+
+def gemma3_config(cfg: Mapping[str, Any]) -> ModelConfig:
+    config = gemma2_config(cfg)
+    if config.sliding_window and cfg.get("layer_types") is None:  # 4.x: 5 local, 1 global
+        pattern = cfg.get("sliding_window_pattern", 6)
+        config.layer_types = [
+            FULL if (i + 1) % pattern == 0 else SLIDING for i in range(config.num_layers)
+        ]
+    rope = cfg.get("rope_parameters") or {}
+    if SLIDING in rope:
+        local_theta, local_scaling = hf_rope(rope[SLIDING], 10000.0)
+    else:
+        local_theta, local_scaling = cfg.get("rope_local_base_freq", 10000.0), None
+    config.qk_norm = True
+    config.local_rope_theta, config.local_rope_scaling = local_theta, local_scaling
+    return config
+
+
+register(Architecture(
+    name="GemmaForCausalLM", family="gemma", model_types=("gemma",), hf_config=gemma_config,
+    features="norms scale by 1 + weight; embedding scaled by sqrt(hidden); GELU (tanh)",
+    tested="greedy parity with transformers",
+))  # fmt: skip
+register(Architecture(
+    name="Gemma2ForCausalLM", family="gemma", model_types=("gemma2",),
+    hf_config=gemma2_config,
+    features="Gemma's norms, plus norms after attention and MLP; sliding/global layers; "
+             "attention and final logit soft-capping; query scale query_pre_attn_scalar",
+    tested="greedy parity with transformers, window shorter than the sequences",
+))  # fmt: skip
+register(Architecture(
+    name="Gemma3ForCausalLM", family="gemma", model_types=("gemma3_text",),
+    hf_config=gemma3_config,
+    features="Gemma 2's layers without soft-capping, with q/k norms; local layers have "
+             "their own RoPE base (text only)",
+    tested="greedy parity with transformers, window shorter than the sequences",
+))  # fmt: skip

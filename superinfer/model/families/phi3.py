@@ -1,0 +1,45 @@
+"""Phi-3 / Phi-3.5 (mini, medium): checkpoints with q/k/v and gate/up already fused."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from torch import Tensor
+
+from superinfer.model.config import ModelConfig, hf_common
+from superinfer.model.registry import Architecture, register
+
+
+def phi3_config(cfg: Mapping[str, Any]) -> ModelConfig:
+    return ModelConfig(**hf_common(cfg))
+
+
+def phi3_weights(
+    weights: Iterable[tuple[str, Tensor]], config: ModelConfig
+) -> Iterator[tuple[str, Tensor]]:
+    """Split the fused projections into the canonical q/k/v and gate/up names (the loader
+    fuses them again, permuting q/k rows for RoPE on the way)."""
+    q_size = config.num_heads * config.head_dim
+    kv_size = config.num_kv_heads * config.head_dim
+    for name, tensor in weights:
+        stem, _, kind = name.rpartition(".")
+        if stem.endswith("self_attn.qkv_proj"):
+            parts = tensor.split([q_size, kv_size, kv_size])
+            prefix = stem.removesuffix("qkv_proj")
+            yield from ((f"{prefix}{p}_proj.{kind}", t) for p, t in zip("qkv", parts))
+        elif stem.endswith("mlp.gate_up_proj"):
+            gate, up = tensor.chunk(2)
+            prefix = stem.removesuffix("gate_up_proj")
+            yield f"{prefix}gate_proj.{kind}", gate
+            yield f"{prefix}up_proj.{kind}", up
+        else:
+            yield name, tensor
+
+
+register(Architecture(
+    name="Phi3ForCausalLM", family="phi3", model_types=("phi3",), hf_config=phi3_config,
+    hf_weights=phi3_weights,
+    features="fused qkv_proj and gate_up_proj in the checkpoint; sliding window if set",
+    tested="greedy parity with transformers",
+))  # fmt: skip

@@ -1,0 +1,64 @@
+"""Qwen2/2.5 (q/k/v bias), Qwen3 (q/k norms) and Qwen3-MoE (top-k routed experts)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+from superinfer.model.config import ModelConfig, gguf_common, hf_common
+from superinfer.model.registry import Architecture, register
+
+
+def qwen2_config(cfg: Mapping[str, Any]) -> ModelConfig:
+    return ModelConfig(**hf_common(cfg, attention_bias=True))
+
+
+def qwen3_config(cfg: Mapping[str, Any]) -> ModelConfig:
+    return ModelConfig(**hf_common(cfg), qk_norm=True)
+
+
+def qwen3_moe_config(cfg: Mapping[str, Any]) -> ModelConfig:
+    num_layers, step = cfg["num_hidden_layers"], cfg.get("decoder_sparse_step", 1)
+    dense = [i for i in range(num_layers) if i in cfg.get("mlp_only_layers", []) or (i + 1) % step]
+    return ModelConfig(
+        **hf_common(cfg), qk_norm=True,
+        num_experts=cfg.get("num_experts") or cfg["num_local_experts"],
+        num_experts_per_tok=cfg["num_experts_per_tok"],
+        moe_intermediate_size=cfg["moe_intermediate_size"],
+        norm_topk_prob=cfg.get("norm_topk_prob", False), dense_layers=dense,
+    )  # fmt: skip
+
+
+def qwen_gguf_config(
+    metadata: Mapping[str, Any], names: Collection[str], factors: Sequence[float] | None
+) -> ModelConfig:
+    arch = metadata["general.architecture"]
+    qwen3 = arch == "qwen3"
+    return ModelConfig(
+        **gguf_common(metadata, names, factors),
+        qk_norm=qwen3,
+        architecture="Qwen3ForCausalLM" if qwen3 else "Qwen2ForCausalLM",
+    )
+
+
+register(Architecture(
+    name="Qwen2ForCausalLM", family="qwen", model_types=("qwen2",), hf_config=qwen2_config,
+    gguf_arch="qwen2", gguf_config=qwen_gguf_config,
+    features="q/k/v projection bias; sliding window on the layers `layer_types` names",
+    tested="greedy parity with transformers (tied embeddings)",
+))  # fmt: skip
+register(Architecture(
+    name="Qwen3ForCausalLM", family="qwen", model_types=("qwen3",), hf_config=qwen3_config,
+    gguf_arch="qwen3", gguf_config=qwen_gguf_config,
+    gguf_tensor_names={"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"},
+    features="RMSNorm of each query and key head before RoPE",
+    tested="greedy parity with transformers; GGUF round trip; Q4_0/Q4_1/Q8_0 quantized "
+    "execution",
+))  # fmt: skip
+register(Architecture(
+    name="Qwen3MoeForCausalLM", family="qwen", model_types=("qwen3_moe",),
+    hf_config=qwen3_moe_config,
+    features="q/k norms; top-k routed experts (softmax, optional renormalisation), "
+             "dense MLP on `mlp_only_layers`",
+    tested="greedy parity with transformers",
+))  # fmt: skip

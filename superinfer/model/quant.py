@@ -1,0 +1,161 @@
+"""GGUF Q4_0, Q4_1 and Q8_0 weights kept quantized on the CPU, multiplied by PyTorch's own
+int4 weight-only kernel (`aten._weight_int4pack_mm_for_cpu`, bfloat16 activations).
+
+The kernel computes w = (q - 8) * scale + zero for 4-bit q with one (scale, zero) per group
+of 32 inputs, which is GGUF's block of 32, so the blocks convert exactly (their fp16 scales
+are then rounded to bfloat16, the kernel's dtype):
+
+- Q4_0: w = d (q - 8): scale d, zero 0;
+- Q4_1: w = d q + m: scale d, zero m + 8 d;
+- Q8_0: w = d q8, q8 = q + 128 - 128 split into nibbles q + 128 = 16 hi + lo:
+  w = (lo - 8) d + 8 d + (hi - 8) 16 d, two 4-bit planes side by side along the inputs
+  (the input is repeated once), the same bytes as the int8 values.
+
+Fused projections (q/k/v, gate/up) concatenate their GGUF tensors' rows, which is exact.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType, ReaderTensor
+from torch import Tensor, nn
+
+GROUP = 32
+QUANT_TYPES = {
+    GGMLQuantizationType.Q4_0: "Q4_0",
+    GGMLQuantizationType.Q4_1: "Q4_1",
+    GGMLQuantizationType.Q8_0: "Q8_0",
+}
+
+
+def int4_kernel_available() -> bool:
+    return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
+
+
+class Int4Linear(nn.Module):
+    """A frozen linear layer over 4-bit planes (see the module docstring); no bias."""
+
+    def __init__(
+        self,
+        nibbles: Tensor,
+        scales: Tensor,
+        zeros: Tensor,
+        in_features: int,
+        bias: Tensor | None = None,
+    ) -> None:
+        """nibbles (N, K') integers in 0..15; scales, zeros (N, K' / 32) float32; K' is
+        `in_features` (Q4) or twice it (Q8_0 planes)."""
+        super().__init__()
+        self.bias = bias
+        self.dense: nn.Module | None = None  # see `keep_dense`
+        self.in_features, self.out_features = in_features, nibbles.shape[0]
+        self.num_planes = nibbles.shape[1] // in_features
+        nibbles = nibbles.to(torch.int32)  # what the packing op takes
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(nibbles, 1)
+        sz = torch.stack([scales.t(), zeros.t()], -1)  # (K' / 32, N, 2)
+        self.scales_zeros = sz.to(torch.bfloat16).contiguous()
+
+    def keep_dense(self, linear: nn.Linear, max_int4_rows: int) -> None:
+        """Run steps of more than `max_int4_rows` rows (prefill chunks, large batches) on
+        `linear`, the dense dequantized layer: the int4 kernel reads fewer bytes, which
+        wins while a step is bound by reading the weights (decode), and loses to a dense
+        GEMM beyond a few rows (measured: 2.7x slower at 16 rows, 2x at 256)."""
+        self.dense, self.max_int4_rows = linear, max_int4_rows
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.dense is not None and x.shape[0] > self.max_int4_rows:
+            return self.dense(x)
+        dtype = x.dtype
+        x = x.to(torch.bfloat16)
+        if self.num_planes == 2:
+            x = torch.cat([x, x], -1)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP, self.scales_zeros)
+        y = y.to(dtype)
+        return y if self.bias is None else y.add_(self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int4"
+
+
+def int4_planes(tensor: ReaderTensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(nibbles (N, K') uint8, scales and zeros (N, K'/32) float32) of a Q4_0, Q4_1 or Q8_0
+    tensor."""
+    kind = tensor.tensor_type
+    num_rows = int(tensor.shape[-1])
+    raw = np.asarray(tensor.data).reshape(num_rows, -1)
+    if kind == GGMLQuantizationType.Q8_0:
+        blocks = raw.reshape(num_rows, -1, 34)
+        d = blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)
+        u = blocks[..., 2:] ^ np.uint8(0x80)  # q + 128 as uint8, (N, nb, 32)
+        lo, hi = u & 15, u >> 4
+        nibbles = np.concatenate([lo.reshape(num_rows, -1), hi.reshape(num_rows, -1)], 1)
+        scales = np.concatenate([d, 16 * d], 1)
+        zeros = np.concatenate([8 * d, np.zeros_like(d)], 1)
+    else:
+        width = 18 if kind == GGMLQuantizationType.Q4_0 else 20
+        blocks = raw.reshape(num_rows, -1, width)
+        d = blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)
+        qs = blocks[..., width - 16 :]  # (N, nb, 16) uint8
+        nibbles = np.concatenate([qs & 15, qs >> 4], -1).reshape(num_rows, -1)
+        if kind == GGMLQuantizationType.Q4_0:
+            scales, zeros = d, np.zeros_like(d)
+        else:
+            m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+            scales, zeros = d, m + 8 * d
+    return tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in (nibbles, scales, zeros))
+
+
+# module of each decoder layer -> its GGUF tensors, in the fused parameter's row order
+_LAYER_SOURCES = {
+    "self_attn.qkv_proj": ("attn_q", "attn_k", "attn_v"),
+    "self_attn.o_proj": ("attn_output",),
+    "mlp.gate_up_proj": ("ffn_gate", "ffn_up"),
+    "mlp.down_proj": ("ffn_down",),
+}
+
+
+def quantize_linears(
+    model: nn.Module,
+    tensors: dict[str, ReaderTensor],
+    interleaved_qk: bool,
+    max_int4_rows: int | None = None,
+) -> list[str]:
+    """Swap the model's linear layers whose GGUF tensors are all Q4_0, Q4_1 or Q8_0 (the
+    same planes' width) for Int4Linear; returns the names swapped. Call it after the
+    weights are loaded (biases and tied embeddings are taken from the model). With
+    `max_int4_rows`, each keeps its dense layer for larger steps (`Int4Linear.keep_dense`)."""
+    config = model.config
+    sources = {"lm_head": ("output" if "output.weight" in tensors else "token_embd",)}
+    for i in range(config.num_layers):
+        for module, parts in _LAYER_SOURCES.items():
+            sources[f"model.layers.{i}.{module}"] = tuple(f"blk.{i}.{p}" for p in parts)
+    swapped = []
+    for name, parts in sources.items():
+        found = [tensors.get(f"{p}.weight") for p in parts]
+        linear = model.get_submodule(name)
+        if not isinstance(linear, nn.Linear) or not all(
+            t is not None and t.tensor_type in QUANT_TYPES for t in found
+        ):
+            continue
+        planes = [int4_planes(t) for t in found]
+        if len({p[0].shape[1] for p in planes}) != 1:
+            continue  # Q4 and Q8_0 parts in one fused layer
+        if not interleaved_qk and name.endswith("qkv_proj"):
+            planes[:2] = [_interleave(p, config.head_dim) for p in planes[:2]]
+        fused = [torch.cat([p[i] for p in planes]) for i in range(3)]
+        parent, _, child = name.rpartition(".")
+        int4 = Int4Linear(*fused, linear.in_features, linear.bias)
+        if max_int4_rows is not None:
+            int4.keep_dense(linear, max_int4_rows)
+        setattr(model.get_submodule(parent), child, int4)
+        swapped.append(name)
+    return swapped
+
+
+def _interleave(planes: tuple[Tensor, ...], head_dim: int) -> tuple[Tensor, ...]:
+    """The row order `weights.interleave_rope_rows` gives the dense q/k projections."""
+    from superinfer.model.weights import interleave_rope_rows
+
+    order = interleave_rope_rows(torch.arange(planes[0].shape[0]), head_dim)
+    return tuple(p[order] for p in planes)

@@ -1,0 +1,61 @@
+"""Write a tiny transformers model as a GGUF file with the `gguf` package's own writer,
+named and laid out as llama.cpp's converter does (q/k rows permuted for Llama)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFWriter
+from gguf.quants import quantize
+
+from superinfer.model.weights import interleave_rope_rows
+
+_NAMES = {
+    "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+    "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+}  # fmt: skip
+_TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+
+
+def gguf_name(hf_name: str) -> str:
+    stem, _, kind = hf_name.rpartition(".")
+    if stem in _TOP:
+        return f"{_TOP[stem]}.{kind}"
+    _, _, layer, part = stem.split(".", 3)
+    return f"blk.{layer}.{_NAMES[part]}.{kind}"
+
+
+def write_gguf(model, path: Path, arch: str, qtype: GGMLQuantizationType) -> Path:
+    """Matrices in `qtype` (F32 for the rest), as llama.cpp would convert `model`."""
+    c = model.config
+    writer = GGUFWriter(str(path), arch)
+    writer.add_block_count(c.num_hidden_layers)
+    writer.add_embedding_length(c.hidden_size)
+    writer.add_feed_forward_length(c.intermediate_size)
+    writer.add_head_count(c.num_attention_heads)
+    writer.add_head_count_kv(c.num_key_value_heads)
+    writer.add_key_length(c.head_dim)
+    writer.add_value_length(c.head_dim)
+    writer.add_context_length(c.max_position_embeddings)
+    writer.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(c.rms_norm_eps)
+    writer.add_vocab_size(c.vocab_size)
+    for name, tensor in model.state_dict().items():
+        if name == "lm_head.weight" and c.tie_word_embeddings:
+            continue
+        data = tensor.float().numpy()
+        if arch == "llama" and ("q_proj" in name or "k_proj" in name):
+            data = interleave_rope_rows(tensor.float(), c.head_dim).numpy()
+        if data.ndim == 2:
+            writer.add_tensor(gguf_name(name), quantize(data, qtype), raw_dtype=qtype)
+        else:
+            writer.add_tensor(gguf_name(name), np.ascontiguousarray(data))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

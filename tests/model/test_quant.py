@@ -1,0 +1,125 @@
+"""GGUF Q4_0, Q4_1 and Q8_0 kept quantized (int4 kernel) against the same file dequantized,
+and GGUF round trips of Llama and Qwen3 against transformers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType, GGUFReader
+from gguf.quants import dequantize
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from superinfer.model.loader import load_gguf_model
+from superinfer.model.quant import Int4Linear, int4_kernel_available, int4_planes
+from tests.model.gguf_tiny import write_gguf
+from tests.model.paged import PagedRun
+from tests.model.tiny import PROMPT, TINY, save_tiny, tiny_configs
+
+CPU = torch.device("cpu")
+QTYPES = [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0]
+needs_kernel = pytest.mark.skipif(not int4_kernel_available(), reason="no int4 CPU kernel")
+
+
+@pytest.fixture(scope="module")
+def hf_models(tmp_path_factory) -> dict:
+    configs = {**tiny_configs(), "llama": LlamaConfig(**TINY)}  # plain RoPE in a GGUF
+    out = {}
+    for name in ("llama", "qwen3"):
+        directory = save_tiny(tmp_path_factory.mktemp(name), configs[name], seed=5)
+        out[name] = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    return out
+
+
+@needs_kernel
+@pytest.mark.parametrize("qtype", QTYPES, ids=lambda q: q.name)
+def test_int4_planes_reproduce_the_dequantized_blocks(qtype, tmp_path) -> None:
+    torch.manual_seed(0)
+    weight = torch.randn(96, 64) * 0.2
+    from gguf import GGUFWriter
+    from gguf.quants import quantize
+
+    writer = GGUFWriter(str(tmp_path / "w.gguf"), "llama")
+    writer.add_tensor("w", quantize(weight.numpy(), qtype), raw_dtype=qtype)
+    writer.write_header_to_file(), writer.write_kv_data_to_file()
+    writer.write_tensors_to_file(), writer.close()
+    (tensor,) = GGUFReader(str(tmp_path / "w.gguf")).tensors
+    exact = torch.from_numpy(dequantize(tensor.data, tensor.tensor_type)).reshape(96, 64)
+    nibbles, scales, zeros = int4_planes(tensor)
+    planes = nibbles.shape[1] // 64
+    rebuilt = ((nibbles.float() - 8) * scales.repeat_interleave(32, 1)
+               + zeros.repeat_interleave(32, 1)).view(96, planes, 64).sum(1)  # fmt: skip
+    torch.testing.assert_close(rebuilt, exact, rtol=0, atol=1e-6)  # float32 rounding only
+    x = torch.randn(5, 64)
+    got = Int4Linear(nibbles, scales, zeros, 64)(x)
+    expected = F.linear(x, exact)
+    assert (got - expected).abs().max() < 2e-2 * expected.abs().max()  # bfloat16 compute
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_gguf_round_trip_matches_transformers(arch, hf_models, tmp_path) -> None:
+    hf = hf_models[arch]
+    path = write_gguf(hf, tmp_path / f"{arch}.gguf", arch, GGMLQuantizationType.F32)
+    model, info = load_gguf_model(str(path), torch.float32, CPU, "none")
+    assert info.architecture == arch and info.num_quantized_linears == 0
+    with torch.inference_mode():
+        expected = hf(torch.tensor([PROMPT])).logits[0]
+        tokens = hf.generate(
+            torch.tensor([PROMPT]),
+            max_new_tokens=16,
+            min_new_tokens=16,
+            do_sample=False,
+            pad_token_id=0,
+        )[0, len(PROMPT) :].tolist()
+    run = PagedRun(model, 16, 4)
+    logits = run.step([(run.add(PROMPT), len(PROMPT))], all_logits=True)
+    torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
+    assert PagedRun(model, 16, 4).greedy(PROMPT, 16)[:8] == tokens[:8]
+
+
+@needs_kernel
+@pytest.mark.parametrize("qtype", QTYPES, ids=lambda q: q.name)
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_quantized_execution_agrees_with_the_dequantized_file(
+    arch, qtype, hf_models, tmp_path
+) -> None:
+    path = write_gguf(hf_models[arch], tmp_path / "q.gguf", arch, qtype)
+    dense, _ = load_gguf_model(str(path), torch.bfloat16, CPU, "none")
+    quantized, info = load_gguf_model(str(path), torch.bfloat16, CPU, "gguf")
+    num_linears = 4 * TINY["num_hidden_layers"] + 1  # qkv, o, gate_up, down; lm_head
+    assert info.num_quantized_linears == num_linears
+    assert sum(isinstance(m, Int4Linear) for m in quantized.modules()) == num_linears
+    runs = [PagedRun(m, 16, 4) for m in (dense, quantized)]
+    logits = [r.step([(r.add(PROMPT), len(PROMPT))], all_logits=True) for r in runs]
+    assert torch.cosine_similarity(logits[0], logits[1], dim=-1).min() > 0.999
+    agree = (logits[0].argmax(-1) == logits[1].argmax(-1)).float().mean()
+    assert agree >= 0.9  # bfloat16 roundings differ: a near-tie may flip
+
+
+def test_quantization_flag_values(tmp_path, hf_models) -> None:
+    path = write_gguf(hf_models["llama"], tmp_path / "f.gguf", "llama",
+                      GGMLQuantizationType.F32)  # fmt: skip
+    with pytest.raises(ValueError, match="no Q4_0, Q4_1 or Q8_0"):
+        load_gguf_model(str(path), torch.bfloat16, CPU, "gguf")
+    from superinfer.model.loader import load_model
+
+    with pytest.raises(ValueError, match="quantization must be one of"):
+        load_model(str(path), torch.float32, CPU, quantization="awq")
+
+
+@needs_kernel
+def test_auto_runs_small_steps_on_int4_and_large_ones_dense(hf_models, tmp_path) -> None:
+    path = write_gguf(hf_models["llama"], tmp_path / "a.gguf", "llama", GGMLQuantizationType.Q4_1)
+    models = {q: load_gguf_model(str(path), torch.bfloat16, CPU, q)[0]
+              for q in ("auto", "gguf", "none")}  # fmt: skip
+    runs = {q: PagedRun(m, 16, 4) for q, m in models.items()}
+    prefill = {q: r.step([(r.add(PROMPT + [5]), len(PROMPT))], all_logits=True)
+               for q, r in runs.items()}  # fmt: skip
+    assert torch.equal(prefill["auto"], prefill["none"])  # 13 rows: the dense layers
+    layers = {q: m.model.layers[0].mlp.gate_up_proj for q, m in models.items()}
+    assert isinstance(layers["auto"], Int4Linear) and layers["auto"].dense is not None
+    x = torch.randn(13, 64, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        assert torch.equal(layers["auto"](x[:1]), layers["gguf"](x[:1]))  # int4 kernel
+        assert torch.equal(layers["auto"](x), layers["none"](x))  # the dense layer
+        assert not torch.equal(layers["auto"](x[:1]), layers["none"](x[:1]))
