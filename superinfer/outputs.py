@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from superinfer.core.outputs import TokenLogprobs
 from superinfer.slo import SLOTargets
 
 
@@ -14,6 +15,8 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str | None = None  # "stop", "length" or "abort"
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+    logprobs: list[TokenLogprobs] | None = None  # one per token id, when asked for
+    cumulative_logprob: float | None = None  # sum of the sampled tokens' log-probabilities
 
 
 @dataclass
@@ -42,3 +45,4 @@ class RequestOutput:
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(0.0))
     new_text: str = ""  # text added by this step (streaming)
     new_token_ids: list[int] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprobs | None] | None = None  # position 0 has none

@@ -24,7 +24,7 @@ from superinfer.server.arrival import Arrival
 from superinfer.server.config import ServerConfig
 from superinfer.server.errors import APIError
 from superinfer.server.front import DRAINING, READY
-from superinfer.server.generation import collect_body, stream_response
+from superinfer.server.generation import abort_all, admit_choices, collect_choices, stream_choices
 from superinfer.server.state import ServerState
 from superinfer.slo.classes import SLOConfig
 from superinfer.slo.record_log import TaggedSLOLog
@@ -56,7 +56,8 @@ class EngineReplica:
         arrival = Arrival(time.monotonic() - call.elapsed_s, call.arrival_wall)
         try:
             self.state.front.check_ready()
-            stream, inflight = self.state.host.admit(prepared, arrival, call.expected_tokens)
+            # every sequence of n / best_of is admitted here, sharing the prompt's KV
+            choices = admit_choices(self.state.host, prepared, arrival, call.expected_tokens)
         except APIError as error:
             refusal = Refusal(error.status, error.message, error.code, error.headers)
             yield Verdict(self.replica_id, refusal)
@@ -64,12 +65,12 @@ class EngineReplica:
         yield Verdict(self.replica_id)
         try:
             if prepared.stream:
-                async for event in stream_response(self.state, stream, inflight, call.is_chat):
+                async for event in stream_choices(self.state, choices, prepared, call.is_chat):
                     yield event
             else:
-                yield await collect_body(self.state, stream, inflight, call.is_chat)
+                yield await collect_choices(self.state, choices, prepared, call.is_chat)
         finally:  # a no-op once the request ended; else the caller went away
-            self.state.host.abort(inflight, "client_disconnected")
+            abort_all(self.state, choices, "client_disconnected")
 
     def record_routing_stats(self) -> dict[str, Any]:
         """The load the router ranks by (Ray Serve polls it)."""

@@ -47,10 +47,25 @@ class SchedulerOutput:
 
 
 @dataclass
+class TokenLogprobs:
+    """Log-probabilities at one position: the chosen (sampled or prompt) token's, its rank
+    among all tokens (1: the most likely), and the `top` most likely, best first."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    top: list[tuple[int, float]] = field(default_factory=list)  # (token id, logprob)
+
+
+@dataclass
 class ModelOutput:
-    """The runner's answer: the sampled token of every sequence with `is_sampling`."""
+    """The runner's answer: the sampled token of every sequence with `is_sampling`; for
+    requests that asked, the log-probabilities of that token and (with the first token)
+    of their prompt, position 0 without one."""
 
     sampled_token_ids: dict[str, int]
+    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    prompt_logprobs: dict[str, list[TokenLogprobs | None]] = field(default_factory=dict)
 
 
 @dataclass

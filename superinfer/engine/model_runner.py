@@ -93,14 +93,28 @@ class ModelRunner:
     def _sample(
         self, seqs: list[ScheduledSequence], hidden: torch.Tensor, meta: AttentionMetadata
     ) -> ModelOutput:
+        self._score_prompts(seqs, hidden)
         sampling = [i for i, s in enumerate(seqs) if s.is_sampling]
         if not sampling:
             return ModelOutput({})
         rows = meta.logits_indices if len(sampling) == len(seqs) else meta.logits_indices[sampling]
         logits = self.model.compute_logits(hidden[rows])
         sampling_seqs = [seqs[i] for i in sampling]
-        tokens = self.sampler(logits, sampling_seqs)
-        return ModelOutput({s.request_id: t for s, t in zip(sampling_seqs, tokens)})
+        out = self.sampler.sample(logits, sampling_seqs)
+        tokens = {s.request_id: t for s, t in zip(sampling_seqs, out.token_ids)}
+        return ModelOutput(tokens, out.logprobs, out.prompt_logprobs)
+
+    def _score_prompts(self, seqs: list[ScheduledSequence], hidden: torch.Tensor) -> None:
+        """Prompt log-probabilities (echo) of the requests that asked: the logits of every
+        query row of theirs, not only the last."""
+        start = 0
+        for seq in seqs:
+            if seq.sampling_params.prompt_logprobs is not None:
+                rows = hidden[start : start + seq.num_query_tokens]
+                self.sampler.record_prompt_logprobs(
+                    seq, lambda a, b, rows=rows: self.model.compute_logits(rows[a:b])
+                )
+            start += seq.num_query_tokens
 
     def close(self) -> None:
         if self._worker is not None:

@@ -23,7 +23,13 @@ from superinfer.config import EngineConfig
 from superinfer.server.arrival import IngressStamp, arrival_of
 from superinfer.server.errors import APIError, bad_request, error_body
 from superinfer.server.front import Front, Rejection
-from superinfer.server.generation import SSEResponse, collect_response, stream_response
+from superinfer.server.generation import (
+    SSEResponse,
+    abort_all,
+    admit_choices,
+    collect_response,
+    stream_choices,
+)
 from superinfer.server.prepare import PreparedRequest, error_for_validation
 from superinfer.server.protocol import ChatCompletionRequest, CompletionRequest
 from superinfer.server.state import ServerState
@@ -156,18 +162,17 @@ async def generate_here(state: ServerState, request: Request, body_type: type) -
     front = state.front
     arrival = arrival_of(request.scope)
     rejection = Rejection(arrival, request_id=request.headers.get("x-request-id"))
+    is_chat = body_type is ChatCompletionRequest
     try:
         prepared, expected_tokens = await prepare_request(front, request, body_type, rejection)
-        stream, inflight = state.host.admit(prepared, arrival, expected_tokens)
+        choices = admit_choices(state.host, prepared, arrival, expected_tokens)
     except APIError as error:
         front.reject(error, rejection)
         return error.response()
     if prepared.stream:
-        events = stream_response(state, stream, inflight, body_type is ChatCompletionRequest)
-        return SSEResponse(events, lambda: state.host.abort(inflight, "client_disconnected"))
-    return await collect_response(
-        state, stream, inflight, body_type is ChatCompletionRequest, request
-    )
+        events = stream_choices(state, choices, prepared, is_chat)
+        return SSEResponse(events, lambda: abort_all(state, choices, "client_disconnected"))
+    return await collect_response(state, choices, prepared, is_chat, request)
 
 
 async def prepare_request(
@@ -185,6 +190,8 @@ async def prepare_request(
     prepared = front.preparer.prepare(body, request.headers, rejection.arrival)
     rejection.targets, rejection.priority = prepared.slo.targets, prepared.priority
     rejection.num_prompt_tokens = len(prepared.prompt_token_ids)
+    if prepared.params.structured is not None:  # off the loop and off the engine thread
+        await asyncio.to_thread(front.preparer.compile_structured, prepared)
     return prepared, _expected_tokens(body, prepared)
 
 

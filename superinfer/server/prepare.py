@@ -6,6 +6,7 @@ bad input is a 400 at ingress and never reaches the engine thread.
 from __future__ import annotations
 
 import copy
+import json
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -16,25 +17,40 @@ from pydantic import BaseModel
 from superinfer.sampling_params import SamplingParams
 from superinfer.server.arrival import Arrival
 from superinfer.server.errors import APIError, bad_request
+from superinfer.server.logprobs import TokenTexts
 from superinfer.server.protocol import ChatCompletionRequest, CompletionRequest
 from superinfer.server.serving_defaults import ServingDefaults
 from superinfer.slo.binding import BoundSLO, bind_slo
 from superinfer.slo.classes import SLOConfig
+from superinfer.structured import GrammarCompiler, StructuredOutput
 
 _MIN_TEMPERATURE = 1e-5  # below this, sampling is greedy (avoids overflow in logits / t)
 _REQUEST_ID_HEADER = "x-request-id"
 
-# field -> its neutral value; anything else is refused rather than silently ignored
+# field -> its neutral values; anything else is refused rather than silently ignored
+# (fields of the protocol models or, for the names OpenAI and vLLM define, extra fields)
 UNSUPPORTED: dict[str, Any] = {
-    "best_of": (None, 1),
-    "presence_penalty": (None, 0, 0.0),
-    "frequency_penalty": (None, 0, 0.0),
-    "repetition_penalty": (None, 1, 1.0),
-    "logit_bias": (None,),
-    "logprobs": (None, False),
-    "echo": (False,),
     "suffix": (None, ""),
-    "top_logprobs": (None, 0),
+    "echo": (None, False),  # chat: vLLM's echo of the last message
+    "tool_choice": (None, "none", "auto"),  # without tools, "auto" means none
+    "functions": (None, []),
+    "function_call": (None, "none", "auto"),
+    "chat_template_kwargs": (None, {}),
+    "include_stop_str_in_output": (None, False),
+    "spaces_between_special_tokens": (None, True),
+    "truncate_prompt_tokens": (None,),
+    "use_beam_search": (None, False),
+    "length_penalty": (None, 1, 1.0),
+    "logits_processors": (None, []),
+    "guided_decoding_backend": (None,),
+    "guided_whitespace_pattern": (None,),
+    "continue_final_message": (None, False),
+    "documents": (None, []),
+    "reasoning_effort": (None,),
+    "prediction": (None,),
+    "audio": (None,),
+    "modalities": (None, ["text"]),
+    "web_search_options": (None,),
 }
 
 
@@ -49,6 +65,15 @@ class PreparedRequest:
     stream: bool
     include_usage: bool
     continuous_usage: bool
+    n: int = 1  # choices returned
+    best_of: int = 1  # sequences generated (the n with the highest cumulative logprob win)
+    echo: bool = False  # completions: the prompt comes first in each choice
+    num_top_logprobs: int | None = None  # logprobs in the response: the top N; None: none
+    num_prompt_logprobs: int | None = None  # vLLM's prompt_logprobs field, top N each
+
+    @property
+    def num_sequences(self) -> int:
+        return max(self.n, self.best_of)
 
 
 class RequestPreparer:
@@ -59,6 +84,8 @@ class RequestPreparer:
         defaults: ServingDefaults | None = None,
     ) -> None:  # fmt: skip
         self.tokenizer = copy.deepcopy(tokenizer)  # the engine thread decodes with its own
+        self.token_texts = TokenTexts(self.tokenizer)  # logprobs' token strings and bytes
+        self.grammars = GrammarCompiler(self.tokenizer, vocab_size)  # structured output
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.slo_config = slo_config
@@ -83,16 +110,29 @@ class RequestPreparer:
         max_tokens = self._check_length(len(token_ids), max_tokens, body.min_tokens)
         slo = bind_slo(headers, body.slo, self.slo_config, arrival)
         options = body.stream_options
+        num_top, echo = _num_top_logprobs(body), bool(getattr(body, "echo", False))
+        best_of = body.best_of or body.n
+        params = self._sampling_params(body, max_tokens)
+        params.logprobs = num_top if best_of <= body.n else max(num_top or 0, 0)
+        params.prompt_logprobs = body.prompt_logprobs
+        params.structured = _structured_output(body)
+        if echo and num_top is not None:  # vLLM: echo with logprobs scores the prompt too
+            params.prompt_logprobs = max(num_top, body.prompt_logprobs or 0)
         return PreparedRequest(
             request_id=_request_id(body, headers),
             prompt=prompt,
             prompt_token_ids=token_ids,
-            params=self._sampling_params(body, max_tokens),
+            params=params,
             slo=slo,
             priority=self._priority(body, slo),
             stream=body.stream,
             include_usage=bool(options and options.include_usage),
             continuous_usage=bool(options and options.continuous_usage_stats),
+            n=body.n,
+            best_of=best_of,
+            echo=echo,
+            num_top_logprobs=num_top,
+            num_prompt_logprobs=body.prompt_logprobs,
         )
 
     # --- prompts --------------------------------------------------------------------------
@@ -112,11 +152,6 @@ class RequestPreparer:
     def _chat_prompt(self, body: ChatCompletionRequest) -> tuple[str, list[int]]:
         if body.tools:
             raise bad_request("tools are not supported", "unsupported_parameter", "tools")
-        if body.response_format and body.response_format.get("type", "text") != "text":
-            raise bad_request(
-                "only the text response format is supported", "unsupported_parameter",
-                "response_format",
-            )  # fmt: skip
         conversation = [
             {"role": "system" if m.role == "developer" else m.role, "content": _text_of(m, i)}
             for i, m in enumerate(body.messages)
@@ -185,15 +220,67 @@ class RequestPreparer:
             )
         temperature = 0.0 if body.temperature < _MIN_TEMPERATURE else body.temperature
         top_k = -1 if body.top_k >= self.vocab_size else body.top_k
+        allowed = body.allowed_token_ids
+        if allowed is not None and any(not 0 <= t < self.vocab_size for t in allowed):
+            raise bad_request(
+                f"allowed_token_ids must lie in [0, {self.vocab_size})", "invalid_value",
+                "allowed_token_ids",
+            )  # fmt: skip
         try:
-            return SamplingParams(
+            params = SamplingParams(
                 max_tokens=max_tokens, temperature=temperature, top_p=body.top_p, top_k=top_k,
                 min_tokens=body.min_tokens, seed=body.seed, stop=body.stop,
                 stop_token_ids=stop_token_ids, ignore_eos=body.ignore_eos,
                 skip_special_tokens=body.skip_special_tokens,
+                presence_penalty=_or(body.presence_penalty, 0.0),
+                frequency_penalty=_or(body.frequency_penalty, 0.0),
+                repetition_penalty=_or(body.repetition_penalty, 1.0),
+                min_p=_or(body.min_p, 0.0), logit_bias=self._logit_bias(body.logit_bias),
+                bad_words=body.bad_words or None, allowed_token_ids=allowed,
             )  # fmt: skip
         except ValueError as error:
             raise bad_request(str(error), "invalid_value") from None
+        try:
+            params.update_from_tokenizer(self.tokenizer)
+        except ValueError as error:
+            raise bad_request(str(error), "invalid_value", "bad_words") from None
+        return params
+
+    def compile_structured(self, prepared: PreparedRequest) -> None:
+        """Compile the request's grammar (slow for a large schema: the server runs this in
+        a worker thread, never on the loop or the engine thread); 400 if it is invalid."""
+        structured = prepared.params.structured
+        if structured is None:
+            return
+        try:
+            self.grammars.compile(structured)
+        except ValueError as error:
+            raise bad_request(str(error), "invalid_value", "response_format") from None
+
+    def _logit_bias(self, bias: dict[str, float] | None) -> dict[int, float] | None:
+        """OpenAI's logit_bias: token ids (as JSON keys) -> a bias in [-100, 100]."""
+        if not bias:
+            return None
+        result = {}
+        for key, value in bias.items():
+            try:
+                token_id = int(key)
+            except ValueError:
+                raise bad_request(
+                    f"logit_bias keys are token ids, got {key[:32]!r}", "invalid_value",
+                    "logit_bias",
+                ) from None  # fmt: skip
+            if not 0 <= token_id < self.vocab_size:
+                raise bad_request(
+                    f"logit_bias token ids must lie in [0, {self.vocab_size})", "invalid_value",
+                    "logit_bias",
+                )  # fmt: skip
+            if not -100 <= value <= 100:
+                raise bad_request(
+                    "logit_bias values must be in [-100, 100]", "invalid_value", "logit_bias"
+                )
+            result[token_id] = value
+        return result
 
     def _with_defaults(self, body: BaseModel) -> Any:
         """The body with the model's default sampling parameters where it sets none."""
@@ -213,19 +300,96 @@ class RequestPreparer:
         return self.slo_config.priority_of(slo.targets.slo_class)
 
 
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+def _num_top_logprobs(body: Any) -> int | None:
+    """How many top log-probabilities each token reports; None: no logprobs at all."""
+    if isinstance(body, ChatCompletionRequest):
+        if body.top_logprobs is not None and not body.logprobs:
+            raise bad_request("top_logprobs needs logprobs=true", "invalid_value", "top_logprobs")
+        return (body.top_logprobs or 0) if body.logprobs else None
+    return body.logprobs
+
+
+_REFUSED_FIELDS = {"suffix"}  # protocol fields no route implements yet
+_STRUCTURED_KEYS = {"json", "regex", "choice", "grammar", "json_object"}
+
+
+def _structured_output(body: Any) -> StructuredOutput | None:
+    """The one output constraint among response_format, structured_outputs and guided_*."""
+    found: list[tuple[str, dict[str, Any]]] = []
+    fmt = body.response_format
+    kind = (fmt or {}).get("type", "text")
+    if kind == "json_object":
+        found.append(("response_format", {"json": True}))
+    elif kind == "json_schema":
+        schema = (fmt.get("json_schema") or {}).get("schema")
+        if not isinstance(schema, dict):
+            raise bad_request("response_format.json_schema.schema must be a JSON schema object",
+                              "invalid_value", "response_format")  # fmt: skip
+        found.append(("response_format", {"json": schema}))
+    elif kind != "text":
+        raise bad_request(f"response_format type {str(kind)[:32]!r} is not supported",
+                          "unsupported_parameter", "response_format")  # fmt: skip
+    if body.structured_outputs:
+        unknown = set(body.structured_outputs) - _STRUCTURED_KEYS
+        if unknown:
+            raise bad_request(f"structured_outputs.{min(unknown)} is not supported",
+                              "unsupported_parameter", "structured_outputs")  # fmt: skip
+        spec = dict(body.structured_outputs)
+        if spec.pop("json_object", None):
+            spec["json"] = True
+        found.append(("structured_outputs", spec))
+    for name in ("json", "regex", "choice", "grammar"):
+        value = getattr(body, f"guided_{name}")
+        if value is not None:
+            found.append((f"guided_{name}", {name: value}))
+    if not found:
+        return None
+    param, spec = found[0]
+    if len(found) > 1:
+        raise bad_request(f"give one output constraint, got {', '.join(p for p, _ in found)}",
+                          "invalid_value", found[1][0])  # fmt: skip
+    if isinstance(spec.get("json"), str):
+        try:
+            spec["json"] = json.loads(spec["json"])
+        except ValueError:
+            raise bad_request("the JSON schema is not valid JSON", "invalid_value", param) from None
+    try:
+        return StructuredOutput(**{k: v for k, v in spec.items() if v is not None})
+    except (TypeError, ValueError) as error:
+        raise bad_request(f"{param}: {error}", "invalid_value", param) from None
+
+
 def _check_supported(body: BaseModel) -> None:
-    if body.n != 1:
-        raise bad_request("only n=1 is supported", "unsupported_parameter", "n")
+    best_of = body.best_of or body.n
+    if best_of < body.n:
+        raise bad_request("best_of must be at least n", "invalid_value", "best_of")
+    if best_of > body.n and body.stream:
+        raise bad_request("best_of above n cannot be streamed", "invalid_value", "best_of")
+    extra = body.model_extra or {}
     for name, neutral in UNSUPPORTED.items():
-        if name not in type(body).model_fields:
+        if name in type(body).model_fields:
+            if name not in _REFUSED_FIELDS:
+                continue  # a field this route implements (completions' echo)
+            value = getattr(body, name)
+        elif name in extra:
+            value = extra[name]
+        else:
             continue
-        value = getattr(body, name)
-        if value not in neutral and value != {}:
+        if value not in neutral:
             raise bad_request(f"{name}={value!r} is not supported", "unsupported_parameter", name)
 
 
 def _text_of(message: Any, index: int) -> str:
     content = message.content
+    if content is None and message.role != "assistant":  # as OpenAI answers it
+        raise bad_request(
+            f"messages.{index}.content: a {message.role} message needs content",
+            "missing_field", f"messages.{index}.content",
+        )  # fmt: skip
     if content is None or isinstance(content, str):
         return content or ""
     parts = []

@@ -1,7 +1,8 @@
 """Request bodies of the OpenAI-compatible routes (field names as OpenAI and vLLM use them).
 
 Unknown fields are ignored, as OpenAI-compatible servers do; fields that would change the
-answer in ways superinfer does not implement are rejected in `superinfer.server.prepare`.
+answer in ways superinfer does not implement are rejected in `superinfer.server.prepare`
+(`UNSUPPORTED`, with the value each may take).
 Numbers must be finite (NaN and Infinity are rejected).
 """
 
@@ -11,7 +12,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from superinfer.sampling_params import MAX_LOGPROBS
+
 _INT64 = 2**63
+MAX_SEQUENCES = 128  # n and best_of
 
 
 class SLOBody(BaseModel):
@@ -43,7 +47,8 @@ class _GenerationRequest(BaseModel):
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(-1, ge=-1)
     min_tokens: int = Field(0, ge=0)
-    n: int = 1
+    n: int = Field(1, ge=1, le=MAX_SEQUENCES)
+    best_of: int | None = Field(None, ge=1, le=MAX_SEQUENCES)
     seed: int | None = Field(None, ge=-_INT64, lt=_INT64)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
@@ -55,13 +60,24 @@ class _GenerationRequest(BaseModel):
     request_id: str | None = Field(None, min_length=1, max_length=128)
     slo: SLOBody | None = None
     user: str | None = None
-    # accepted only at their neutral values (see prepare.UNSUPPORTED)
-    best_of: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
+    # logits processing (SamplingParams has the order and the definitions)
+    # (None, as some clients send it, is the neutral value)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(None, gt=0, le=2)
     logit_bias: dict[str, float] | None = None
-    logprobs: Any = None
+    min_p: float | None = Field(None, ge=0, le=1)
+    bad_words: list[str] | None = None
+    allowed_token_ids: list[int] | None = None
+    # vLLM's: the prompt tokens' log-probabilities, top N each (choices[i].prompt_logprobs)
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    # structured output (at most one): OpenAI's, vLLM's, and vLLM's older guided_* fields
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
 
 class CompletionRequest(_GenerationRequest):
@@ -69,6 +85,7 @@ class CompletionRequest(_GenerationRequest):
     max_tokens: int | None = Field(16, ge=1)
     echo: bool = False
     suffix: str | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # the top N per token
 
 
 class ContentPart(BaseModel):
@@ -91,5 +108,5 @@ class ChatCompletionRequest(_GenerationRequest):
     max_completion_tokens: int | None = Field(None, ge=1)
     add_generation_prompt: bool = True
     tools: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
-    top_logprobs: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)

@@ -3,7 +3,12 @@
 Streams follow OpenAI: one `data: {json}` event per chunk, `data: [DONE]` at the end; with
 `stream_options.include_usage` every chunk has `"usage": null` and a last chunk with no
 choices carries the usage. The last chunk of a stream, like a whole non-stream response,
-also carries the `slo` report (slo-contract.md).
+also carries the `slo` report (slo-contract.md); with several choices (`n`), each
+choice's last chunk carries its own.
+
+A chat stream's first chunk of each choice carries the role with the first token's text
+(as vLLM sends it): no chunk goes out before a token exists, so a client's time to the
+first chunk is the real time to the first token.
 """
 
 from __future__ import annotations
@@ -42,21 +47,31 @@ class ResponseShape:
         }
 
     # --- whole responses ------------------------------------------------------------------
-    def full(
+    def choice(
         self,
+        index: int,
         text: str,
         finish_reason: str | None,
         stop_reason: int | str | None,
-        usage: dict[str, int],
-        slo: dict[str, Any] | None,
+        logprobs: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason,
-                                  "stop_reason": stop_reason}  # fmt: skip
+        choice: dict[str, Any] = {"index": index, "logprobs": logprobs,
+                                  "finish_reason": finish_reason, "stop_reason": stop_reason}  # fmt: skip
         if self.is_chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
-        return {**self._head(self.object_name), "choices": [choice], "usage": usage, "slo": slo}
+        return choice
+
+    def full(
+        self,
+        choices: list[dict[str, Any]],
+        usage: dict[str, int],
+        slo: dict[str, Any] | None,
+        **extra: Any,
+    ) -> dict[str, Any]:
+        head = self._head(self.object_name)
+        return {**head, "choices": choices, "usage": usage, "slo": slo, **extra}
 
     # --- stream chunks --------------------------------------------------------------------
     def chunk(
@@ -65,8 +80,14 @@ class ResponseShape:
         finish_reason: str | None = None,
         stop_reason: int | str | None = None,
         is_first: bool = False,
+        index: int = 0,
+        logprobs: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+        choice: dict[str, Any] = {
+            "index": index,
+            "logprobs": logprobs,
+            "finish_reason": finish_reason,
+        }
         if finish_reason is not None:
             choice["stop_reason"] = stop_reason
         if self.is_chat:
@@ -83,6 +104,7 @@ class ResponseShape:
 
 
 def usage_of(num_prompt_tokens: int, num_output_tokens: int) -> dict[str, int]:
+    """OpenAI's usage: the prompt counted once, the output tokens of every sequence."""
     return {
         "prompt_tokens": num_prompt_tokens,
         "completion_tokens": num_output_tokens,

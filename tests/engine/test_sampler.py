@@ -30,9 +30,13 @@ def test_greedy_is_argmax():
 
 def test_seeded_rows_repeat_whatever_the_batch():
     x = logits(3)
-    alone = [Sampler(CPU, seed=1)(x[1:2].clone(), [seq("b", temperature=1.0, seed=7)])[0] for _ in range(2)]
+    alone = [
+        Sampler(CPU, seed=1)(x[1:2].clone(), [seq("b", temperature=1.0, seed=7)])[0]
+        for _ in range(2)
+    ]
     batch = Sampler(CPU, seed=2)(
-        x.clone(), [seq("a", temperature=1.0), seq("b", temperature=1.0, seed=7), seq("c", temperature=0)]
+        x.clone(),
+        [seq("a", temperature=1.0), seq("b", temperature=1.0, seed=7), seq("c", temperature=0)],
     )
     assert alone[0] == alone[1] == batch[1]
 
@@ -63,7 +67,8 @@ def test_sampling_follows_the_distribution():
     x = torch.log(torch.tensor([[0.7, 0.2, 0.1]]))
     sampler = Sampler(CPU, seed=0)
     counts = torch.bincount(
-        torch.tensor([sampler(x.clone(), [seq(temperature=1.0)])[0] for _ in range(3000)]), minlength=3
+        torch.tensor([sampler(x.clone(), [seq(temperature=1.0)])[0] for _ in range(3000)]),
+        minlength=3,
     )
     assert abs(counts[0].item() / 3000 - 0.7) < 0.04
     assert abs(counts[2].item() / 3000 - 0.1) < 0.03
@@ -76,3 +81,100 @@ def test_min_tokens_suppresses_stop_tokens():
     sampler = Sampler(CPU, eos_token_ids=[2])
     assert sampler(x.clone(), [seq(temperature=0, min_tokens=3, num_output_tokens=1)]) == [4]
     assert sampler(x.clone(), [seq(temperature=0, min_tokens=3, num_output_tokens=3)]) == [2]
+
+
+# --- logits processing, vLLM's definitions ------------------------------------------------
+def history_sampler(request_id, params, prompt, outputs):
+    """A sampler that has seen `prompt` and sampled `outputs` for one request."""
+    sampler = Sampler(CPU)
+    sampler.add_request(request_id, params, prompt)
+    sampler._histories[request_id].output_token_ids.extend(outputs)
+    return sampler
+
+
+def test_penalties_follow_vllms_definitions():
+    params = SamplingParams(temperature=0, repetition_penalty=2.0, frequency_penalty=0.5,
+                            presence_penalty=0.25)  # fmt: skip
+    sampler = history_sampler("r", params, prompt=[1], outputs=[2, 2, 3])
+    x = torch.tensor([[4.0, 4.0, 4.0, -4.0, 4.0]])
+    out = x.clone()
+    sampler._apply_penalties(out, [seq("r", num_output_tokens=3, **_fields(params))])
+    # token 1: prompt only (repetition); 2: twice in the output; 3: once, negative logit
+    assert out.tolist() == [[4.0, 2.0, 2.0 - 1.0 - 0.25, -8.0 - 0.5 - 0.25, 4.0]]
+
+
+def _fields(params):
+    return {k: getattr(params, k) for k in ("temperature", "repetition_penalty",
+            "frequency_penalty", "presence_penalty")}  # fmt: skip
+
+
+def test_greedy_picks_the_argmax_after_penalties_and_bias():
+    x = torch.tensor([[3.0, 2.0, 1.0, 0.0]])
+    sampler = history_sampler("r", SamplingParams(frequency_penalty=2.0), [3], [0])
+    assert sampler(x.clone(), [seq("r", temperature=0, frequency_penalty=2.0)]) == [1]
+    assert Sampler(CPU)(x.clone(), [seq(temperature=0, logit_bias={3: 5.0})]) == [3]
+
+
+def test_allowed_token_ids_and_bad_words_restrict_only_their_rows():
+    x = torch.tensor([[5.0, 4.0, 3.0, 2.0]] * 3)
+    rows = [seq("a", temperature=0, allowed_token_ids=[2, 3]), seq("b", temperature=0),
+            seq("c", temperature=0)]  # fmt: skip
+    rows[2].sampling_params.bad_words_token_ids = [[0], [7, 1]]  # 0 always, 1 after 7
+    sampler = Sampler(CPU)
+    assert sampler(x.clone(), rows) == [2, 0, 1]
+    sampler.add_request("c", rows[2].sampling_params, [9])
+    sampler._histories["c"].output_token_ids.append(7)
+    assert sampler(x.clone(), rows) == [2, 0, 2]
+
+
+def test_min_p_drops_tokens_below_a_share_of_the_best():
+    x = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    sampler = Sampler(CPU, seed=0)
+    drawn = {sampler(x.clone(), [seq(temperature=1.0, min_p=0.4)])[0] for _ in range(300)}
+    assert drawn == {0, 1}  # 0.15 < 0.4 x 0.5
+
+
+def test_logprobs_are_raw_ranked_and_topped_per_row():
+    x = torch.tensor([[1.0, 3.0, 2.0, 0.0], [0.0, 0.0, 5.0, 1.0]])
+    rows = [seq("a", temperature=0, logprobs=2, logit_bias={3: 50.0}), seq("b", temperature=0)]
+    out = Sampler(CPU).sample(x.clone(), rows)
+    assert out.token_ids == [3, 2]
+    entry = out.logprobs["a"]
+    raw = torch.log_softmax(x[0], -1)  # before the bias that picked the token
+    assert entry.token_id == 3 and abs(entry.logprob - raw[3].item()) < 1e-6
+    assert entry.rank == 4
+    assert [t for t, _ in entry.top] == [1, 2]
+    assert abs(entry.top[0][1] - raw[1].item()) < 1e-6
+    assert "b" not in out.logprobs
+
+
+def test_prompt_logprobs_score_every_prompt_token_across_chunks():
+    prompt = [4, 1, 2, 3, 0]
+    params = SamplingParams(temperature=0, prompt_logprobs=1)
+    sampler = Sampler(CPU)
+    sampler.add_request("r", params, prompt)
+    table = torch.randn(len(prompt), 6, generator=torch.Generator().manual_seed(1))
+    for start, end in ((0, 2), (2, 5)):  # chunked prefill: two steps
+        chunk = ScheduledSequence("r", prompt[start:end], start, [0], end == 5, params, 0)
+        sampler.record_prompt_logprobs(chunk, lambda a, b, s=start: table[s + a : s + b])
+    last = ScheduledSequence("r", [0], 4, [0], True, params, 0)
+    entries = sampler.sample(table[4:5].clone(), [last]).prompt_logprobs["r"]
+    assert entries[0] is None and len(entries) == len(prompt)
+    for position in range(1, len(prompt)):
+        expected = torch.log_softmax(table[position - 1], -1)[prompt[position]].item()
+        assert entries[position].token_id == prompt[position]
+        assert abs(entries[position].logprob - expected) < 1e-6
+        assert len(entries[position].top) == 1
+    again = sampler.sample(table[4:5].clone(), [last])
+    assert again.prompt_logprobs == {}  # sent once, with the first token
+
+
+def test_bad_words_are_tokenized_with_and_without_a_leading_space():
+    class Tokenizer:
+        def encode(self, text, add_special_tokens=False):
+            return {"Paris": [5, 6], " Paris": [7, 6], "x": [9], " x": [9]}[text]
+
+    params = SamplingParams(bad_words=["Paris", "x"])
+    params.update_from_tokenizer(Tokenizer())
+    assert params.bad_words_token_ids == [[5, 6], [7, 6], [9]]
+    assert params.needs_history

@@ -113,10 +113,14 @@ class TwoTierKVManager:
         """Share cached device blocks holding a prefix of a request without blocks.
 
         Returns the number of tokens hit. At least the last token is left to compute,
-        because the model needs it to produce the next token's logits.
+        because the model needs it to produce the next token's logits. A request that asks
+        for its prompt's log-probabilities reads no hit (every prompt position must run
+        through the model, as in vLLM); its blocks are cached for others all the same.
         """
         table = self._table(request)
         if not self.is_prefix_caching or table.device or table.host:
+            return 0
+        if request.sampling_params.prompt_logprobs is not None:
             return 0
         self.stats.num_prefix_query_tokens += request.num_tokens
         self._extend_hashes(request, table)
