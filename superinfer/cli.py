@@ -171,10 +171,11 @@ def serve_configs_from_args(args: argparse.Namespace) -> tuple[Any, EngineConfig
         server.api_key = os.environ.get("SUPERINFER_API_KEY") or None
     slo_config = load_slo_config(server.slo_config)
     config = engine_config_from_args(args)
-    if "class_reservations" in {f.name for f in dataclasses.fields(SchedulerConfig)}:
-        reservations = slo_config.reservations()
-        scheduler = dataclasses.replace(config.scheduler, class_reservations=reservations)
-        config = dataclasses.replace(config, scheduler=scheduler)
+    scheduler = dataclasses.replace(
+        config.scheduler, class_reservations=slo_config.reservations(),
+        class_order=tuple(slo_config.class_names),
+    )  # fmt: skip
+    config = dataclasses.replace(config, scheduler=scheduler)
     serving_defaults_of(server, config)  # a bad --chat-template or --generation-config: exit 2
     cluster_names = [f.name for f in dataclasses.fields(ClusterConfig)]
     cluster = ClusterConfig(**{name: getattr(args, name) for name in cluster_names})

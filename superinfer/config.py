@@ -36,7 +36,8 @@ class SchedulerConfig:
         "the device pool (default: 5%% of the device pool).",
     )
     ddps_margin: float = opt(
-        2.0, "ddps: a waiting request preempts a running one when its urgency is this many "
+        2.0,
+        "ddps: a waiting request preempts a running one when its urgency is this many "
         "times larger.",
     )
     ddps_slack_scale: float = opt(
@@ -50,6 +51,27 @@ class SchedulerConfig:
         "Schedule step k+1 and run its KV copies while step k computes. Default: on with "
         "CUDA (the forward is asynchronous there), off on a CPU (where the forward and the "
         "scheduler compete for the same cores: steps measured 1.6-1.8x slower with it on).",
+    )
+    tbt_shaped_steps: bool = opt(
+        False,
+        "Shape each step by the tightest time-between-tokens promise among the running "
+        "requests: requests whose next token is due are in it, the predicted step time stays "
+        "under that promise, and requests with slack sit this step out (needs the step-time "
+        "model the warm-up fits). Off by default: on a CPU it keeps gold's TPOT but costs "
+        "prefill throughput and TTFT (docs/policies.md).",
+    )
+    tbt_headroom: float = opt(
+        0.9,
+        "Share of a TBT target a step may take when steps are shaped (the rest absorbs "
+        "the step-time model's error and the host side's jitter).",
+    )
+    class_order: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "help": "SLO class names, most important first: the order of admission, victims "
+            "and displacement (set from --slo-config).",
+            "is_cli": False,
+        },
     )
     class_reservations: dict[str, tuple[float, float]] = field(
         default_factory=dict,
@@ -69,8 +91,12 @@ class SchedulerConfig:
         for name, (block_share, token_share) in self.class_reservations.items():
             if not (0 <= block_share <= 1 and 0 <= token_share <= 1):
                 raise ValueError(f"class {name!r}: reserved shares must lie in [0, 1]")
+        if not 0 < self.tbt_headroom <= 1:
+            raise ValueError(f"tbt_headroom must lie in (0, 1], got {self.tbt_headroom}")
         if self.ddps_margin < 1 or self.ddps_slack_scale <= 0 or self.min_residency_tokens < 0:
-            raise ValueError("ddps_margin must be >= 1, ddps_slack_scale > 0, min_residency_tokens >= 0")
+            raise ValueError(
+                "ddps_margin must be >= 1, ddps_slack_scale > 0, min_residency_tokens >= 0"
+            )
 
 
 @dataclass
@@ -141,6 +167,12 @@ class ModelConfig:
         choices=["auto", "half", "float16", "bfloat16", "float", "float32"],
     )
     device: str = opt("auto", "Where the model runs: auto (cuda if available), cpu, cuda[:N].")
+    quantization: str = opt(
+        "auto",
+        "Quantized execution, as vLLM's -q: gguf runs a GGUF file's Q4_0/Q4_1/Q8_0 linear "
+        "layers on their quantized weights (CPU int4 kernel, bfloat16), none dequantizes them "
+        "to --dtype, auto is gguf where measured faster (docs/models.md).",
+    )
     seed: int = opt(0, "Seed for requests that sample without their own seed.")
 
     def __post_init__(self) -> None:
@@ -148,6 +180,12 @@ class ModelConfig:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(
                 f"dtype must be auto, half, float16, bfloat16, float or float32, got {self.dtype!r}"
+            )
+        if self.quantization not in ("auto", "none", "gguf"):
+            raise ValueError(
+                f"--quantization {self.quantization}: not supported; auto, none or gguf (GGUF "
+                "Q4_0/Q4_1/Q8_0 kept quantized on the CPU); AWQ, GPTQ and FP8 checkpoints are "
+                "not supported yet (docs/models.md)"
             )
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")

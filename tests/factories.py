@@ -24,7 +24,9 @@ def make_request(
     **params,
 ) -> Request:
     request_id = request_id if request_id is not None else f"r{next(_ids)}"
-    prompt = prompt_token_ids or [100 + (hash(request_id) + i) % 1000 for i in range(num_prompt_tokens)]
+    prompt = prompt_token_ids or [
+        100 + (hash(request_id) + i) % 1000 for i in range(num_prompt_tokens)
+    ]
     return Request(
         request_id=request_id,
         prompt_token_ids=prompt,
@@ -43,6 +45,7 @@ def make_scheduler(
     max_num_batched_tokens: int = 64,
     max_model_len: int = 1024,
     enable_prefix_caching: bool = True,
+    step_model=None,
     **config_options,
 ) -> Scheduler:
     config = SchedulerConfig(
@@ -53,7 +56,7 @@ def make_scheduler(
         **config_options,
     )
     cache = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
-    return build_scheduler(config, cache, num_device_blocks, num_host_blocks)
+    return build_scheduler(config, cache, num_device_blocks, num_host_blocks, step_model)
 
 
 def fake_next_token(request_id: str, num_tokens: int) -> int:
@@ -64,7 +67,9 @@ def fake_next_token(request_id: str, num_tokens: int) -> int:
 def fake_model_output(output: SchedulerOutput) -> ModelOutput:
     return ModelOutput(
         {
-            seq.request_id: fake_next_token(seq.request_id, seq.num_context_tokens + seq.num_query_tokens)
+            seq.request_id: fake_next_token(
+                seq.request_id, seq.num_context_tokens + seq.num_query_tokens
+            )
             for seq in output.sequences
             if seq.is_sampling
         }
@@ -72,7 +77,10 @@ def fake_model_output(output: SchedulerOutput) -> ModelOutput:
 
 
 def run_to_completion(
-    scheduler: Scheduler, max_steps: int = 10_000, pending: list[int] | None = None, now: float = 0.0
+    scheduler: Scheduler,
+    max_steps: int = 10_000,
+    pending: list[int] | None = None,
+    now: float = 0.0,
 ):
     """Drive the scheduler with the fake model, checking invariants after every step.
 

@@ -64,6 +64,17 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="ShareGPT sampling and arrivals seed")
     p.add_argument("--ttft-slo-ms", type=float, default=1000.0)
     p.add_argument("--tbt-slo-ms", type=float, default=200.0, help="TPOT is judged against it")
+    p.add_argument("--slo-classes", default=None,
+                   help="a class mix (e.g. gold=0.2,silver=0.3,bronze=0.5) on superinfer's default "
+                   "classes instead of one TTFT/TBT target for all; vLLM then runs its priority "
+                   "scheduler and each request carries its class's rank as priority")  # fmt: skip
+    p.add_argument("--refusal-replay", action="store_true",
+                   help="also run the first superinfer policy with admission off "
+                   "(--no-reject-infeasible-ttft), as system POLICY-no-admission: the replay "
+                   "`superinfer bench refusal-cost` compares with")  # fmt: skip
+    p.add_argument("--variant", action="append", default=[], metavar="NAME=ARGS",
+                   help="also run the first superinfer policy with these extra `superinfer serve` "
+                   "arguments, as system NAME (repeatable), e.g. shaped=--tbt-shaped-steps")  # fmt: skip
     p.add_argument("--endpoint", default="/v1/chat/completions",
                    help="chat: the ShareGPT turn goes through each server's chat template")  # fmt: skip
     p.add_argument("--max-model-len", type=int, default=2048)
@@ -158,7 +169,17 @@ def vllm_command(args: argparse.Namespace, capacity: dict, port: str) -> list[st
         argv += ["--max-num-batched-tokens", "512", "--max-num-seqs", "64"]
     if args.enforce_eager:
         argv.append("--enforce-eager")
+    if args.slo_classes:
+        argv += ["--scheduling-policy", "priority"]
     return argv + shlex.split(args.vllm_args)
+
+
+def variant_command(args: argparse.Namespace, policy: str, extra: list[str]) -> list[str]:
+    """`superinfer serve` of `policy` with `extra` arguments (the port left as PORT)."""
+    return [
+        str(REPO / ".venv" / "bin" / "superinfer"), "serve", *superinfer_args(args),
+        "--policy", policy, *extra, "--host", "127.0.0.1", "--port", "PORT",
+    ]  # fmt: skip
 
 
 def sweep_command(args: argparse.Namespace, capacity: dict, out: Path) -> list[str]:
@@ -169,6 +190,13 @@ def sweep_command(args: argparse.Namespace, capacity: dict, out: Path) -> list[s
             argv += ["--command", f"vllm={template}"]
         else:
             argv += ["--system", system]
+    policies = [s for s in args.systems if s != "vllm"]
+    variants = [tuple(v.split("=", 1)) for v in args.variant]
+    if args.refusal_replay:  # the TTFT refusals off: the replay refusal cost compares with
+        variants.append((f"{policies[0]}-no-admission", "--no-reject-infeasible-ttft"))
+    for name, extra in variants if policies else []:
+        command = variant_command(args, policies[0], shlex.split(extra))
+        argv += ["--command", f"{name}={shlex.join(command).replace('PORT', '{port}')}"]
     argv += [
         "--server-args", shlex.join(superinfer_args(args)),
         "--request-rates", args.rates,
@@ -176,9 +204,12 @@ def sweep_command(args: argparse.Namespace, capacity: dict, out: Path) -> list[s
         # room for the chat template (~35 tokens) inside max_model_len
         "--max-total-tokens", str(args.max_model_len - 64),
         "--endpoint", args.endpoint,
-        "--ttft-slo-ms", f"{args.ttft_slo_ms:g}", "--tbt-slo-ms", f"{args.tbt_slo_ms:g}",
         "--num-warmups", "2", "--disable-tqdm",
     ]  # fmt: skip
+    if args.slo_classes:  # the default classes' own targets; vLLM gets the ranks as priority
+        argv += ["--slo-classes", args.slo_classes, "--send-priority"]
+    else:
+        argv += ["--ttft-slo-ms", f"{args.ttft_slo_ms:g}", "--tbt-slo-ms", f"{args.tbt_slo_ms:g}"]
     if args.num_prompts:
         argv += ["--num-prompts", str(args.num_prompts)]
     else:

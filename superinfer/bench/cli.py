@@ -1,4 +1,5 @@
-"""`superinfer bench serve` and `superinfer bench sweep` (hooked into `superinfer.cli`).
+"""`superinfer bench serve`, `bench sweep` and `bench refusal-cost` (hooked into
+`superinfer.cli`).
 
 Flags follow `vllm bench serve` where the meaning is the same (`--base-url`, `--endpoint`,
 `--model`, `--dataset-name`, `--num-prompts`, `--request-rate`, `--burstiness`, `--seed`,
@@ -44,6 +45,17 @@ def add_bench_parser(sub: Any) -> None:
     add_workload_flags(serve)
     add_output_flags(serve)
     _add_sweep_parser(commands)
+    cost = commands.add_parser(
+        "refusal-cost",
+        help="share of the requests a run refused that met their targets in a replay without "
+        "admission",
+        description="Compare two `bench serve` results of the same workload: RUN against a "
+        "server with admission on, REPLAY against the same server started with "
+        "--no-reject-infeasible-ttft. Prints the refusal cost (overall and per class) and RUN's "
+        "precision as JSON. See docs/bench.md.",
+    )
+    cost.add_argument("run", help="result JSON of the run with admission on")
+    cost.add_argument("replay", help="result JSON of the same workload with admission off")
 
 
 def _add_sweep_parser(commands: Any) -> None:
@@ -160,6 +172,10 @@ def run_bench(args: argparse.Namespace) -> int:
         from superinfer.bench.sweep import run_sweep_command
 
         return run_sweep_command(args)
+    if args.bench_command == "refusal-cost":
+        from superinfer.bench.refusal_cost import run_refusal_cost_command
+
+        return run_refusal_cost_command(args.run, args.replay)
     return run_serve_command(args)
 
 

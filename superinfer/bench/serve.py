@@ -4,6 +4,7 @@ times, then compute the result with the project's one metrics module.
 The result follows `vllm bench serve`'s JSON (same key names where the meaning is the same:
 `completed`, `total_input_tokens`, `request_throughput`, `mean_ttft_ms`, `p99_tpot_ms`, ...)
 plus the SLO fields (`ttft_attainment`, `tpot_attainment`, `tbt_attainment`, `goodput`,
+`precision`,
 per class, the targets) and the raw per-request records (client-clock times relative to
 the start of the run, and the server's own `slo` report where it sent one). See
 docs/bench.md for every field.
@@ -234,6 +235,7 @@ def slo_fields(reports: list[SLOReport], overall, duration: float) -> dict[str, 
         "ttft_attainment": overall.ttft, "tpot_attainment": overall.tpot,
         "tbt_attainment": overall.tbt_token, "deadline_attainment": overall.deadline,
         "slo_attainment": overall.all_met, "goodput": overall.goodput_rps,
+        "precision": overall.precision,
         "attainment": overall.to_dict(),
         "attainment_by_class": {name or "none": a.to_dict() for name, a in by_class.items()},
         "rejections": dict(Counter(r.rejection_reason for r in reports if r.outcome == "rejected")),
@@ -306,9 +308,11 @@ def summary_table(result: dict[str, Any]) -> str:
                        ("tbt_attainment", "token-level TBT"), ("slo_attainment", "all targets")):  # fmt: skip
         row(f"{label} attainment (%):", _percent(result[key]))
     row("Goodput (req/s meeting all targets):", result["goodput"])
+    row("Precision (admitted meeting all, %):", _percent(result["precision"]))
     for name, a in result["attainment_by_class"].items():
-        row(f"  {name}: TTFT / TPOT / all (%):",
-            f"{_pct_text(a['ttft'])} / {_pct_text(a['tpot'])} / {_pct_text(a['all_met'])}", "{}")  # fmt: skip
+        row(f"  {name}: TTFT / TPOT / all / precision (%):",
+            f"{_pct_text(a['ttft'])} / {_pct_text(a['tpot'])} / {_pct_text(a['all_met'])} / "
+            f"{_pct_text(a['precision'])}", "{}")  # fmt: skip
     if result["rejections"]:
         row("Rejections:", ", ".join(f"{k}={v}" for k, v in result["rejections"].items()), "{}")
     lines.append("=" * 60)

@@ -6,6 +6,7 @@ from superinfer.config import CacheConfig, SchedulerConfig
 from superinfer.core.kv.manager import TwoTierKVManager
 from superinfer.core.policies import create_policy
 from superinfer.core.scheduler import Scheduler
+from superinfer.core.step_time import StepTimePredictor
 
 
 def build_scheduler(
@@ -13,13 +14,15 @@ def build_scheduler(
     cache_config: CacheConfig,
     num_device_blocks: int,
     num_host_blocks: int,
+    step_model: StepTimePredictor | None = None,
 ) -> Scheduler:
     """A scheduler over a two-tier KV manager of the given pool sizes (each caller sizes the
     pools its own way: the engine from memory, the simulator from a profile) and the policy
-    `scheduler_config.policy` names."""
+    `scheduler_config.policy` names. `step_model` is what steps are shaped by (the
+    engine's `OnlineStepModel`, the simulator's predictor); None: steps are not shaped."""
     kv = TwoTierKVManager(
         num_device_blocks, num_host_blocks, cache_config.block_size,
         cache_config.enable_prefix_caching,
     )  # fmt: skip
     policy = create_policy(scheduler_config.policy, scheduler_config)
-    return Scheduler(scheduler_config, kv, policy)
+    return Scheduler(scheduler_config, kv, policy, step_model)

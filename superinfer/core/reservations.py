@@ -2,7 +2,9 @@
 lower classes.
 
 Classes are ranked in the order the configuration lists them (the first is the most
-important); requests without a known class rank below all of them. A request may only
+important); requests without a known class rank below all of them. The ranks order every
+scheduling decision (admission, victims, displacement) whether or not a class reserves
+anything. A request may only
 use free blocks beyond what higher classes have reserved and do not yet use, and only the
 part of a step's token budget that higher classes with work pending have not reserved.
 Usage is counted once per step, so within a step the reserve is if anything kept larger.
@@ -11,7 +13,7 @@ Usage is counted once per step, so within a step the reserve is if anything kept
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from superinfer.core.request import Request
 
@@ -22,8 +24,10 @@ class ClassReservations:
         reservations: Mapping[str, tuple[float, float]],
         num_device_blocks: int,
         token_budget: int,
+        class_order: Sequence[str] = (),
     ) -> None:
-        self.ranks = {name: rank for rank, name in enumerate(reservations)}
+        names = [*class_order, *(n for n in reservations if n not in class_order)]
+        self.ranks = {name: rank for rank, name in enumerate(names)}
         self.reserved_blocks = {n: int(b * num_device_blocks) for n, (b, _) in reservations.items()}
         self.reserved_tokens = {n: int(t * token_budget) for n, (_, t) in reservations.items()}
         self._used_blocks: Counter[str] = Counter()
@@ -32,12 +36,20 @@ class ClassReservations:
 
     @property
     def is_enabled(self) -> bool:
+        """Some class reserves blocks or tokens (ranks alone need no bookkeeping)."""
+        return any(self.reserved_blocks.values()) or any(self.reserved_tokens.values())
+
+    @property
+    def is_ranked(self) -> bool:
+        """More than one rank exists: class order matters."""
         return bool(self.ranks)
 
     def rank(self, request: Request) -> int:
         return self.ranks.get(request.slo.slo_class or "", len(self.ranks))
 
-    def begin_step(self, running: Iterable[Request], unfinished: Iterable[Request], blocks_of) -> None:
+    def begin_step(
+        self, running: Iterable[Request], unfinished: Iterable[Request], blocks_of
+    ) -> None:
         """Count each class's device blocks and which classes have work this step."""
         self._used_blocks = Counter()
         for request in running:

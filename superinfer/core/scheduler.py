@@ -2,8 +2,16 @@
 
 Each step, running requests get tokens first (in the policy's order), preempting the
 policy's victims when device memory runs short; then, if nobody was preempted, queued
-requests (waiting and swapped) are admitted in the policy's order until the token
-budget, `max_num_seqs` or memory runs out. The caller passes the time.
+requests (waiting and swapped) are admitted in class order, then the policy's, until the
+token budget, `max_num_seqs` or memory runs out. The caller passes the time.
+
+Steps shaped by TBT promises (with a ready step-time model): the step may take as long as
+the tightest next-token deadline among the running decodes allows (`_step_limit`).
+Requests of the most important class running whose next token is due within two such
+steps are always in it; the others (due ones of lower classes included: the tighter the
+class, the surer its promise), and prefill chunks, join only while the predicted step time
+stays within the limit, so a request with a loose target (bronze: a token a second) sits
+out steps instead of slowing every one of them.
 """
 
 from __future__ import annotations
@@ -17,6 +25,10 @@ from superinfer.core.outputs import ModelOutput, RequestUpdate, ScheduledSequenc
 from superinfer.core.policies import MemoryState, SchedulingPolicy
 from superinfer.core.request import PLACEHOLDER, Request, RequestStatus
 from superinfer.core.reservations import ClassReservations
+from superinfer.core.step_time import BatchShape, ShapeBuilder, StepTimePredictor, step_seconds
+
+_MAX_GAP_TBTS = 2.0  # the longest gap a shaped step plans for a request, in its TBT targets
+_MIN_GAP_TBTS = 0.5  # the shortest, when it makes up for a long gap
 
 
 @dataclass
@@ -26,15 +38,27 @@ class SchedulerStats:
     num_swap_outs: int = 0
     num_swap_ins: int = 0
     num_proactive_rotations: int = 0  # swap-outs decided before memory ran short
+    num_released_blocks: int = 0  # device blocks freed by requests that ended
 
 
 class _StepPlan:
     """Requests scheduled in the step being built, with their token counts."""
 
-    def __init__(self, token_budget: int, reservations: ClassReservations) -> None:
+    def __init__(
+        self,
+        token_budget: int,
+        reservations: ClassReservations,
+        step_model: StepTimePredictor | None = None,
+        limit_s: float | None = None,
+    ) -> None:
         self.num_tokens: dict[str, int] = {}
         self.token_budget = token_budget
         self.reservations = reservations
+        self.step_model = step_model
+        self.limit_s = limit_s  # the most the step may take; None: no time limit
+        self.limit_rank = 0  # the most important class among the decodes that set the limit
+        self.shape = ShapeBuilder()
+        self._shape_of: dict[str, tuple[int, int, bool]] = {}
         self.swap_in_ids: list[int] = []
         self.preempted: list[str] = []
         self.swapped_out: list[str] = []
@@ -43,6 +67,9 @@ class _StepPlan:
     def add(self, request: Request, num_tokens: int) -> None:
         self.num_tokens[request.request_id] = num_tokens
         self.token_budget -= num_tokens
+        entry = _shape_entry(request, num_tokens)
+        self._shape_of[request.request_id] = entry
+        self.shape.add(*entry)
         if self.reservations.is_enabled:
             self.reservations.on_scheduled(request, num_tokens)
 
@@ -55,15 +82,52 @@ class _StepPlan:
 
     def remove(self, request: Request) -> None:
         self.token_budget += self.num_tokens.pop(request.request_id, 0)
+        entry = self._shape_of.pop(request.request_id, None)
+        if entry is not None:
+            self.shape.remove(*entry)
+
+    def fits(self, request: Request, num_tokens: int) -> bool:
+        """The predicted step time stays within the limit with `request`'s tokens in (the
+        first sequence of a step always fits: a step is never empty while there is work)."""
+        if self.limit_s is None or self.step_model is None or not self.shape.num_seqs:
+            return True
+        shape = self.shape.shape(*_shape_entry(request, num_tokens))
+        return step_seconds(self.step_model, shape) <= self.limit_s
+
+    def num_tokens_that_fit(self, request: Request, num_tokens: int) -> int:
+        """The largest chunk of at most `num_tokens` that keeps the step within the limit
+        (step time grows with tokens: bisection)."""
+        if self.fits(request, num_tokens):
+            return num_tokens
+        low, high = 0, num_tokens  # fits(low) holds (or low is 0), fits(high) does not
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if self.fits(request, middle) else (low, middle)
+        return low
+
+    @property
+    def has_prefill(self) -> bool:
+        return self.shape.num_prefill_tokens > 0
+
+
+def _shape_entry(request: Request, num_tokens: int) -> tuple[int, int, bool]:
+    start = request.num_computed_tokens
+    return num_tokens, start, start + num_tokens == request.num_tokens
 
 
 class Scheduler:
     def __init__(
-        self, config: SchedulerConfig, kv: TwoTierKVManager, policy: SchedulingPolicy
+        self,
+        config: SchedulerConfig,
+        kv: TwoTierKVManager,
+        policy: SchedulingPolicy,
+        step_model: StepTimePredictor | None = None,
     ) -> None:
         self.config = config
         self.kv = kv
         self.policy = policy
+        # what steps are shaped by: the engine's online model or the simulator's predictor
+        self.step_model = step_model
         kv.is_eager_writeback = policy.is_eager_writeback
         self.requests: dict[str, Request] = {}  # unfinished requests
         self.waiting: list[Request] = []
@@ -71,7 +135,10 @@ class Scheduler:
         self.swapped: list[Request] = []
         self.stats = SchedulerStats()
         self.reservations = ClassReservations(
-            config.class_reservations, kv.device.num_blocks, config.max_num_batched_tokens
+            config.class_reservations,
+            kv.device.num_blocks,
+            config.max_num_batched_tokens,
+            config.class_order,
         )
         self._num_admissions = 0
         self._finished_ids: list[str] = []
@@ -105,6 +172,7 @@ class Scheduler:
     def _finish(self, request: Request, status: RequestStatus, now: float) -> None:
         self._queue_of(request).remove(request)
         del self.requests[request.request_id]
+        self.stats.num_released_blocks += self.kv.num_device_blocks_of(request)
         self.kv.free(request)
         request.status = status
         request.finished_time = now
@@ -132,7 +200,11 @@ class Scheduler:
     # --- one step -------------------------------------------------------------------------
     def schedule(self, now: float) -> SchedulerOutput:
         self.stats.num_steps += 1
-        plan = _StepPlan(self.config.max_num_batched_tokens, self.reservations)
+        plan = _StepPlan(self.config.max_num_batched_tokens, self.reservations,
+                         self.step_model, self._step_limit(now))  # fmt: skip
+        if plan.limit_s is not None:
+            plan.limit_rank = min(self.reservations.rank(r) for r in self.running
+                                  if r.last_token_time is not None)  # fmt: skip
         if self.reservations.is_enabled:
             self.reservations.begin_step(
                 self.running, self.requests.values(), self.kv.num_device_blocks_of
@@ -143,12 +215,78 @@ class Scheduler:
             self._schedule_queue(plan, now)
         return self._build_output(plan)
 
+    # --- steps shaped by TBT promises --------------------------------------------------------
+    def _step_limit(self, now: float) -> float | None:
+        """The most this step may take: until the tightest next-token deadline among the
+        running decodes, but never below one lone decode (a late request gets the
+        shortest step there is, not none). None: no shaping."""
+        model = self.step_model
+        if (
+            not self.config.tbt_shaped_steps
+            or model is None
+            or not getattr(model, "is_ready", True)
+        ):
+            return None
+        deadlines = [self._token_deadline(r) for r in self.running if r.last_token_time is not None]
+        if not deadlines:
+            return None
+        floor = step_seconds(model, BatchShape(1, 0, 1, 1, 0.0, 1, 0))
+        return max(min(deadlines) - now, floor)
+
+    def _token_deadline(self, request: Request) -> float:
+        """When `request`'s next token is due. TPOT is judged on the mean, so the deadline
+        keeps the mean gap within the TBT target (with the configured headroom): slack
+        banked by short steps lets a step stretch to fit a larger prefill chunk, and a long
+        gap (a prefill, a rotation) is made up by shorter steps. Bounded to half a TBT and
+        `_MAX_GAP_TBTS` TBTs after its last token: one that cannot catch up does not
+        starve the rest, and banked slack never becomes a stall."""
+        assert request.last_token_time is not None and request.first_token_time is not None
+        tbt_s = self.config.tbt_headroom * request.slo.tbt_s
+        last = request.last_token_time
+        on_mean = request.first_token_time + tbt_s * len(request.output_token_times)
+        return min(max(on_mean, last + _MIN_GAP_TBTS * tbt_s), last + _MAX_GAP_TBTS * tbt_s)
+
+    def _is_due(self, request: Request, plan: _StepPlan, now: float) -> bool:
+        """Its next token cannot wait for the step after this one."""
+        if plan.limit_s is None or request.last_token_time is None:
+            return True
+        return self._token_deadline(request) <= now + 2 * plan.limit_s
+
+    def _shaped_tokens(self, request: Request, num_tokens: int, plan: _StepPlan, now: float) -> int:
+        """Tokens `request` gets in a shaped step: all of them if it is due or fits; for a
+        prefill chunk, what fits (at least a block, for the step's first chunk, so prompts
+        always progress; all of it when only that keeps its TTFT and its class is not below
+        those whose TBT it stretches); else 0: it sits out."""
+        if plan.limit_s is None or not num_tokens or plan.fits(request, num_tokens):
+            return num_tokens
+        if request.is_prefill_done:  # a due decode of the class that set the limit is always in
+            is_senior = self.reservations.rank(request) <= plan.limit_rank
+            return num_tokens if is_senior and self._is_due(request, plan, now) else 0
+        num_fit = plan.num_tokens_that_fit(request, num_tokens)
+        if not plan.has_prefill:
+            num_fit = max(num_fit, min(num_tokens, self.kv.block_size))
+        is_senior = self.reservations.rank(request) <= plan.limit_rank
+        if is_senior and self._is_ttft_at_risk(request, num_fit, plan.limit_s, now):
+            return num_tokens
+        return num_fit
+
+    @staticmethod
+    def _is_ttft_at_risk(request: Request, num_chunk: int, limit_s: float, now: float) -> bool:
+        """Chunks of `num_chunk` tokens, a limited step each, would bring the first token
+        after its TTFT deadline."""
+        if request.first_token_time is not None:
+            return False
+        num_steps = -(-request.num_uncomputed_tokens // max(1, num_chunk))
+        return now + num_steps * limit_s > request.arrival_time + request.slo.ttft_s
+
     def memory_state(self) -> MemoryState:
         device = self.kv.device
         return MemoryState(
             num_device_blocks=device.num_blocks,
             num_free_device_blocks=device.num_free_blocks + device.num_quarantined_blocks,
-            num_demand_blocks=sum(self.kv.num_blocks_for(r.num_tokens) for r in self.requests.values()),
+            num_demand_blocks=sum(
+                self.kv.num_blocks_for(r.num_tokens) for r in self.requests.values()
+            ),
             host_usage=self.kv.host.usage,
             num_swapped_requests=len(self.swapped),
         )
@@ -166,9 +304,9 @@ class Scheduler:
             self.stats.num_proactive_rotations += 1
 
     def _pick_rotation_victim(self, now: float) -> Request | None:
-        """The policy's victim among the lowest class that has one (all classes alike
-        without reservations), so higher classes are rotated out last."""
-        if not self.reservations.is_enabled:
+        """The policy's victim among the lowest class that has one, so higher classes are
+        rotated out last."""
+        if not self.reservations.is_ranked:
             return self.policy.pick_victim(self.running, now)
         by_rank: dict[int, list[Request]] = {}
         for request in self.running:
@@ -180,12 +318,15 @@ class Scheduler:
         return None
 
     def _schedule_running(self, plan: _StepPlan, now: float) -> None:
-        for request in self.policy.order_running(self.running, now):
+        ordered = list(self.policy.order_running(self.running, now))
+        if plan.limit_s is not None:  # due first, the policy's order within (stable sort)
+            ordered.sort(key=lambda r: not self._is_due(r, plan, now))
+        for request in ordered:
             if request.status is not RequestStatus.RUNNING or plan.token_budget <= 0:
                 continue
             if self._is_at_length_limit(request):
                 continue  # its last token is still being sampled; it finishes then
-            num_tokens = plan.num_tokens_for(request)
+            num_tokens = self._shaped_tokens(request, plan.num_tokens_for(request), plan, now)
             if num_tokens and self._make_room(request, num_tokens, plan, now):
                 self.kv.allocate_slots(request, num_tokens)
                 plan.add(request, num_tokens)
@@ -209,9 +350,16 @@ class Scheduler:
         return self.reservations.num_blocks_kept_free(request)
 
     def _displaceable_by(self, request: Request) -> list[Request]:
-        if not self.reservations.is_enabled:
+        if not self.reservations.is_ranked:
             return self.running
         return [r for r in self.running if self.reservations.may_displace(request, r)]
+
+    def _lower_class_victim(self, request: Request, now: float) -> Request | None:
+        """The policy's victim among running decodes of a lower class than `request`: a
+        higher class displaces a lower one when it does not fit (by rotation)."""
+        rank = self.reservations.rank(request)
+        lower = [r for r in self.running if self.reservations.rank(r) > rank]
+        return self.policy.pick_victim(lower, now) if lower else None
 
     def _is_room_coming(self, request: Request, num_tokens: int, num_keep_free: int) -> bool:
         device = self.kv.device
@@ -223,13 +371,17 @@ class Scheduler:
     def _schedule_queue(self, plan: _StepPlan, now: float) -> None:
         memory = self.memory_state()
         blocked_rank = None  # a request that does not fit blocks those of its class and below
-        for request in self.policy.order_queue(self.waiting, self.swapped, now):
+        queue = list(self.policy.order_queue(self.waiting, self.swapped, now))
+        queue.sort(key=self.reservations.rank)  # class first, the policy's order within
+        for request in queue:
             if plan.token_budget <= 0:
                 break
             rank = self.reservations.rank(request)
             if blocked_rank is not None and rank >= blocked_rank:
                 continue
-            if self._is_held_back(request, plan) or not self.policy.may_admit(request, memory):
+            if self._is_held_back(request, plan) or not self._may_admit(request, memory):
+                continue
+            if self._is_sitting_out(request, plan, now):
                 continue
             if not self._admit_displacing(request, plan, now):
                 if rank == 0:
@@ -246,31 +398,54 @@ class Scheduler:
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
 
+    def _may_admit(self, request: Request, memory: MemoryState) -> bool:
+        """The policy's guard (rotasched: no brand-new admission while the host tier is
+        nearly full), which a request passes when a lower class runs: it makes room by
+        displacing that class, not by parking more in the host tier."""
+        if self.policy.may_admit(request, memory):
+            return True
+        rank = self.reservations.rank(request)
+        return any(self.reservations.rank(r) > rank for r in self.running)
+
     def _is_held_back(self, request: Request, plan: _StepPlan) -> bool:
         """Swapped out in this very step, or its copies to the host not landed yet."""
         if request.status is not RequestStatus.SWAPPED:
             return False
         return request.request_id in plan.swapped_out or not self.kv.is_swap_in_ready(request)
 
+    def _is_sitting_out(self, request: Request, plan: _StepPlan, now: float) -> bool:
+        """A shaped step has no time for this queued request now (a rotated-out decode
+        that is not due, or a prefill when the step is full)."""
+        if plan.limit_s is None:
+            return False
+        num_tokens = plan.num_tokens_for(request)
+        if request.status is RequestStatus.WAITING and request.num_computed_tokens == 0:
+            num_tokens = min(num_tokens, request.num_prompt_tokens)  # before prefix hits
+        return num_tokens > 0 and self._shaped_tokens(request, num_tokens, plan, now) == 0
+
     def _admit_displacing(self, request: Request, plan: _StepPlan, now: float) -> bool:
-        """Admit `request`, displacing the policy's admission victims while it does not fit."""
-        while not self._try_admit(request, plan):
+        """Admit `request`, displacing the policy's admission victims (or, failing those, a
+        lower class's) while it does not fit."""
+        while not self._try_admit(request, plan, now):
             victim = self.policy.pick_admission_victim(request, self._displaceable_by(request), now)
+            is_class_victim = victim is None
+            if is_class_victim:
+                victim = self._lower_class_victim(request, now)
             if victim is None:
                 return False
-            self._preempt(victim, plan, now)
+            self._preempt(victim, plan, now, prefer_swap=is_class_victim)
         return True
 
-    def _try_admit(self, request: Request, plan: _StepPlan) -> bool:
+    def _try_admit(self, request: Request, plan: _StepPlan, now: float) -> bool:
         if len(self.running) >= self.config.max_num_seqs:
             return False
         if request.status is RequestStatus.SWAPPED:
-            return self._try_swap_in(request, plan)
+            return self._try_swap_in(request, plan, now)
         if request.num_computed_tokens == 0:
             request.num_computed_tokens = self.kv.match_prefix(request)
             if request.num_output_tokens == 0 and request.num_preemptions == 0:
                 request.num_cached_prompt_tokens = request.num_computed_tokens
-        num_tokens = plan.num_tokens_for(request)
+        num_tokens = self._shaped_tokens(request, plan.num_tokens_for(request), plan, now)
         num_keep_free = self._num_blocks_kept_free(request)
         if not num_tokens or not self.kv.can_allocate(request, num_tokens, num_keep_free):
             self.kv.free(request)  # give back prefix hits; it stays waiting
@@ -280,8 +455,8 @@ class Scheduler:
         plan.add(request, num_tokens)
         return True
 
-    def _try_swap_in(self, request: Request, plan: _StepPlan) -> bool:
-        num_tokens = plan.num_tokens_for(request)
+    def _try_swap_in(self, request: Request, plan: _StepPlan, now: float) -> bool:
+        num_tokens = self._shaped_tokens(request, plan.num_tokens_for(request), plan, now)
         num_keep_free = self._num_blocks_kept_free(request)
         if not num_tokens or not self.kv.can_swap_in(request, num_tokens, num_keep_free):
             return False
@@ -293,11 +468,14 @@ class Scheduler:
         self.stats.num_swap_ins += 1
         return True
 
-    def _preempt(self, victim: Request, plan: _StepPlan, now: float) -> None:
+    def _preempt(
+        self, victim: Request, plan: _StepPlan, now: float, prefer_swap: bool = False
+    ) -> None:
         plan.remove(victim)
         self.running.remove(victim)
         victim.running_since = None
-        if self.policy.is_preempt_by_swap and self.kv.can_swap_out(victim):
+        is_by_swap = self.policy.is_preempt_by_swap or prefer_swap
+        if is_by_swap and self.kv.can_swap_out(victim):
             self._swap_out(victim)
             plan.swapped_out.append(victim.request_id)
         else:  # recompute: drop the KV (also the fallback when the host tier is full)
@@ -417,7 +595,9 @@ class Scheduler:
             if request is None or request.status is not RequestStatus.RUNNING:
                 continue
             if seq.token_ids[-1] == PLACEHOLDER:
-                seq.token_ids[-1] = request.token_id_at(seq.num_context_tokens + seq.num_query_tokens - 1)
+                seq.token_ids[-1] = request.token_id_at(
+                    seq.num_context_tokens + seq.num_query_tokens - 1
+                )
             kept.append(seq)
         output.sequences = kept
         return output
@@ -455,7 +635,10 @@ class Scheduler:
             raise KVInvariantError(f"{num_queued} queued but {len(self.requests)} unfinished")
         for status, queue in queues.items():
             for request in queue:
-                if request.status is not status or self.requests.get(request.request_id) is not request:
+                if (
+                    request.status is not status
+                    or self.requests.get(request.request_id) is not request
+                ):
                     raise KVInvariantError(f"request {request.request_id} in the wrong queue")
         if len(self.running) > self.config.max_num_seqs:
             raise KVInvariantError("more running requests than max_num_seqs")

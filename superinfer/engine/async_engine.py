@@ -5,6 +5,12 @@ add requests, read their outputs from per-request queues, and abort them.
     add_request / abort / call  ---->  commands, applied between steps
     RequestStream (asyncio.Queue) <--  outputs of each step, one call_soon_threadsafe
 
+Several sequences of one prompt (`n`, `best_of`) share its KV: `share_prompt(leader,
+followers)` before adding them holds the followers back on the loop until the leader's
+first output, so its prompt blocks are computed and in the prefix cache when they are
+scheduled, and each follower prefills only the last, partial block (no duplicate prefill).
+Each sequence is still a request of its own: its own stream, SLO record and abort.
+
 The engine is single-threaded inside: only the engine thread touches it, and the engine
 thread also builds it. So every torch op of the engine runs on one thread, and on a CPU
 one OpenMP thread team does all the work. A second team (say, from loading the weights on
@@ -29,9 +35,10 @@ from typing import Any, TypeVar
 from superinfer.engine.llm_engine import LLMEngine
 from superinfer.engine.native_memory import release_free_memory
 from superinfer.engine.snapshot import EngineSnapshot, StepRecord
-from superinfer.outputs import RequestOutput
+from superinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from superinfer.sampling_params import SamplingParams
 from superinfer.slo import SLOTargets
+from superinfer.slo.estimate import Queued
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +46,7 @@ T = TypeVar("T")
 _EMA_WEIGHT = 0.2  # weight of the newest step in the step-time average
 _IDLE_WAIT_S = 0.5
 _SPIN_SLEEP_S = 0.001  # after an empty step (e.g. waiting for a KV copy to land)
+_RELEASE_WINDOW_S = 20.0  # device blocks released per second: measured over this window
 # return free heap pages to the OS this often under load, and whenever the engine goes idle
 TRIM_EVERY_NUM_STEPS = 500
 
@@ -102,10 +110,15 @@ class AsyncEngine:
         self.snapshot = EngineSnapshot()
         self.prefill_s_per_token = 0.0  # measured by the warm-up; used by estimates
         self._streams: dict[str, RequestStream] = {}  # loop side
+        # loop side: leader -> followers' adds held until its first output; follower -> leader
+        self._held: dict[str, list[_Add]] = {}
+        self._leader_of: dict[str, str] = {}
         self._active: set[str] = set()  # engine-thread side: added, not final
         self._commands: deque[Callable[[], None]] = deque()
-        # adds queued, not yet in the scheduler: request id -> (TTFT deadline, prompt tokens)
-        self._pending: dict[str, tuple[float, int]] = {}
+        # adds queued, not yet in the scheduler: request id -> its place in the queue
+        self._pending: dict[str, Queued] = {}
+        # (engine clock, device blocks released in all) at recent publishes: the release rate
+        self._releases: deque[tuple[float, int]] = deque()
         self._cond = threading.Condition()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -176,15 +189,55 @@ class AsyncEngine:
             request_id, {"prompt_token_ids": prompt_token_ids, "prompt": prompt}, params,
             arrival_time, priority, slo or SLOTargets(), len(prompt_token_ids),
         )  # fmt: skip
+        leader = self._leader_of.get(request_id)
         with self._cond:
             deadline = arrival_time + add.slo.ttft_s
-            self._pending[request_id] = (deadline, add.num_prompt_tokens)
+            self._pending[request_id] = Queued(deadline, add.num_prompt_tokens, add.slo.slo_class)
+            if leader is not None and leader in self._held:
+                self._held[leader].append(add)
+                return stream
+            self._leader_of.pop(request_id, None)
             self._commands.append(lambda: self._apply_add(add))
             self._cond.notify()
         return stream
 
+    def share_prompt(self, leader_id: str, follower_ids: list[str]) -> None:
+        """The followers (added after this) wait for the leader's first output, then reuse
+        its prompt's KV blocks through the prefix cache. Call before adding any of them;
+        `release_prompt(leader_id)` if the leader is never added."""
+        self._held[leader_id] = []
+        for follower_id in follower_ids:
+            self._leader_of[follower_id] = leader_id
+
+    def release_prompt(self, leader_id: str) -> None:
+        """Add the followers held for `leader_id` now (its prompt is computed, or it ended)."""
+        adds = self._held.pop(leader_id, None)
+        if not adds:
+            return
+        if not self.is_alive:
+            error = EngineDeadError("the engine is not running")
+            for add in adds:
+                self._leader_of.pop(add.request_id, None)
+            self._on_loop([(add.request_id, error) for add in adds])
+            return
+        with self._cond:
+            for add in adds:
+                self._leader_of.pop(add.request_id, None)
+                self._commands.append(lambda add=add: self._apply_add(add))
+            self._cond.notify()
+
     def abort(self, request_id: str) -> None:
         """Abort a request (no-op once it finished); it ends with finish_reason "abort"."""
+        leader = self._leader_of.get(request_id)
+        held = self._held.get(leader, []) if leader is not None else []
+        add = next((a for a in held if a.request_id == request_id), None)
+        if add is not None:  # held back, never in the engine: it ends here
+            held.remove(add)
+            del self._leader_of[request_id]
+            with self._cond:
+                self._pending.pop(request_id, None)
+            self._on_loop([(request_id, _never_ran(add))])
+            return
         self._submit(lambda: self._apply_abort(request_id))
 
     async def call(self, fn: Callable[[LLMEngine], T]) -> T:
@@ -200,14 +253,10 @@ class AsyncEngine:
         self._submit(run)
         return await asyncio.wrap_future(future)
 
-    def queue_load(self, deadline: float | None = None) -> tuple[int, int]:
-        """(requests, prompt tokens) waiting to be admitted, including those not yet added;
-        with `deadline`, only those whose next deadline is not later."""
+    def queued(self) -> tuple[Queued, ...]:
+        """The requests waiting to be admitted, including those not yet added."""
         with self._cond:
-            queued = list(self.snapshot.waiting_deadlines) + list(self._pending.values())
-        if deadline is not None:
-            queued = [(d, n) for d, n in queued if d <= deadline]
-        return len(queued), sum(n for _, n in queued)
+            return (*self.snapshot.waiting, *self._pending.values())
 
     async def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no request is unfinished; False if `timeout_s` passed first."""
@@ -337,13 +386,25 @@ class AsyncEngine:
         self._active.clear()
 
     def _publish(self, step_time_s: float) -> None:
+        snapshot = self.engine.snapshot()
         snapshot = replace(
-            self.engine.snapshot(), step_time_s=step_time_s,
+            snapshot, step_time_s=step_time_s,
             num_prompt_tokens=self._num_prompt_tokens,
             num_generation_tokens=self._num_generation_tokens,
+            release_blocks_per_s=self._release_rate(snapshot.num_released_blocks),
         )  # fmt: skip
         with self._cond:
             self.snapshot = snapshot
+
+    def _release_rate(self, num_released: int) -> float:
+        """Device blocks freed per second by requests that ended, over the last window."""
+        now = self.engine.clock()
+        releases = self._releases
+        releases.append((now, num_released))
+        while len(releases) > 2 and now - releases[0][0] > _RELEASE_WINDOW_S:
+            releases.popleft()
+        elapsed = now - releases[0][0]
+        return (num_released - releases[0][1]) / elapsed if elapsed > 0 else 0.0
 
     def _deliver(self, items: list[tuple[str, RequestOutput | BaseException]]) -> None:
         if items and self._loop is not None and not self._loop.is_closed():
@@ -352,6 +413,8 @@ class AsyncEngine:
     # --- event loop -----------------------------------------------------------------------
     def _on_loop(self, items: list[tuple[str, RequestOutput | BaseException]]) -> None:
         for request_id, item in items:
+            if request_id in self._held:  # its first output: its prompt's KV is cached
+                self.release_prompt(request_id)
             stream = self._streams.get(request_id)
             if stream is None:
                 continue
@@ -371,3 +434,13 @@ class AsyncEngine:
                 self.on_done(request_id, item, None)
         except Exception:
             logger.exception("on_done callback failed for %s", request_id)
+
+
+def _never_ran(add: _Add) -> RequestOutput:
+    """The aborted final output of a request that never entered the engine."""
+    completion = CompletionOutput(0, "", [], "abort")
+    return RequestOutput(
+        add.request_id, add.prompt.get("prompt"), list(add.prompt["prompt_token_ids"]),
+        [completion], finished=True,
+        metrics=RequestMetrics(add.arrival_time, finished_time=time.monotonic(), slo=add.slo),
+    )  # fmt: skip

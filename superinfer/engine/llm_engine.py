@@ -24,9 +24,10 @@ import torch
 
 from superinfer.config import EngineConfig
 from superinfer.core.factory import build_scheduler
-from superinfer.core.outputs import ModelOutput, RequestUpdate, SchedulerOutput
+from superinfer.core.outputs import ModelOutput, RequestUpdate, SchedulerOutput, TokenLogprobs
 from superinfer.core.request import PLACEHOLDER, Request, RequestStatus
 from superinfer.core.step import StepBackend, StepLoop
+from superinfer.core.step_time import BatchShape, OnlineStepModel
 from superinfer.engine.detokenizer import IncrementalDetokenizer
 from superinfer.engine.kv_cache import KVCacheTiers, bytes_per_block
 from superinfer.engine.load_report import log_loaded
@@ -46,6 +47,7 @@ from superinfer.model.loader import load_model
 from superinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from superinfer.sampling_params import SamplingParams
 from superinfer.slo import SLOTargets
+from superinfer.structured import GrammarCompiler
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +60,9 @@ class _Tracked:
     request: Request
     prompt: str | None
     detokenizer: IncrementalDetokenizer
+    logprobs: list[TokenLogprobs] | None = None  # of the output tokens, when asked for
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
+    cumulative_logprob: float = 0.0
 
 
 def resolve_device(name: str) -> torch.device:
@@ -120,13 +125,16 @@ class _TimedRunner(StepBackend):
 
     def begin(self) -> None:
         """A step starts."""
+        # log-probabilities of the forward whose tokens this step fills in (by request id)
+        self.logprobs: dict[str, TokenLogprobs] = {}
+        self.prompt_logprobs: dict[str, list[TokenLogprobs | None]] = {}
         self.blocked_s = 0.0
         self.launched: _Forward | None = None  # the forward this step ran or launched
         self.ended: _Forward | None = None  # the forward whose result this step took
 
     def execute(self, output: SchedulerOutput) -> tuple[ModelOutput, float]:
         start = time.perf_counter()
-        model_output = self.runner.execute(output)
+        model_output = self._kept(self.runner.execute(output))
         if not output.is_empty:
             self.launched = self.ended = _Forward(output, start, time.perf_counter())
             self.blocked_s = self.ended.end - start
@@ -146,13 +154,18 @@ class _TimedRunner(StepBackend):
     ) -> tuple[ModelOutput, float]:
         future, forward = handle
         start = time.perf_counter()
-        model_output = future.result()
+        model_output = self._kept(future.result())
         self.blocked_s += time.perf_counter() - start
         if forward is not None:
             if forward.end is None:  # the done callback has not run yet
                 forward.finish()
             self.ended = forward
         return model_output, self.clock()
+
+    def _kept(self, model_output: ModelOutput) -> ModelOutput:
+        self.logprobs.update(model_output.logprobs)
+        self.prompt_logprobs.update(model_output.prompt_logprobs)
+        return model_output
 
     def record(self, step_index: int, wall_s: float, num_outputs: int) -> StepRecord:
         if self.launched is not None:
@@ -175,7 +188,9 @@ class LLMEngine:
         self.dtype = dtype
         if self.device.type == "cpu":
             limit_malloc_arenas()
-        loaded = load_model(config.model.model, dtype, self.device)
+        loaded = load_model(
+            config.model.model, dtype, self.device, quantization=config.model.quantization
+        )
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.checkpoint = loaded.checkpoint
@@ -187,8 +202,10 @@ class LLMEngine:
             self.model_config.head_dim, dtype, self.device,
         )  # fmt: skip
         self.transfer = create_transfer_engine(self.kv_tiers, config.cache.transfer_mode)
+        # fitted to this engine's own steps (the warm-up's grid, then every step served)
+        self.step_model = OnlineStepModel()
         self.scheduler = build_scheduler(
-            config.scheduler, config.cache, num_device_blocks, num_host_blocks
+            config.scheduler, config.cache, num_device_blocks, num_host_blocks, self.step_model
         )
         self.runner = ModelRunner(
             loaded.model, self.kv_tiers, config.cache.block_size, self.device,
@@ -200,6 +217,7 @@ class LLMEngine:
         self._num_steps = 0
         self._tracked: dict[str, _Tracked] = {}
         self._request_ids = itertools.count()
+        self._grammars: GrammarCompiler | None = None  # structured output, built when asked
         log_loaded(self)
 
     # --- setup ----------------------------------------------------------------------------
@@ -291,6 +309,9 @@ class LLMEngine:
         """Queue a request; `arrival_time` is on this engine's clock (default: now)."""
         params = params or SamplingParams()
         text, token_ids = self.tokenize(prompt)
+        params.update_from_tokenizer(self.tokenizer)
+        if params.structured is not None and params.structured.matcher is None:
+            self._grammar_compiler().compile(params.structured)  # offline: the server did
         request = Request(
             request_id=request_id if request_id is not None else str(next(self._request_ids)),
             prompt_token_ids=token_ids,
@@ -304,8 +325,16 @@ class LLMEngine:
         detokenizer = IncrementalDetokenizer(
             self.tokenizer, params.stop, params.skip_special_tokens
         )
-        self._tracked[request.request_id] = _Tracked(request, text, detokenizer)
+        tracked = self._tracked[request.request_id] = _Tracked(request, text, detokenizer)
+        if params.logprobs is not None:
+            tracked.logprobs = []
+        self.runner.sampler.add_request(request.request_id, params, token_ids)
         return request
+
+    def _grammar_compiler(self) -> GrammarCompiler:
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size)
+        return self._grammars
 
     def abort_request(self, request_id: str) -> None:
         self.scheduler.abort_request(request_id, self.clock())
@@ -337,6 +366,8 @@ class LLMEngine:
     def _observe(self, wall_s: float, num_outputs: int) -> None:
         self._num_steps += 1
         record = self._timed.record(self._num_steps, wall_s, num_outputs)
+        if record.forward is not None:
+            self.step_model.observe(BatchShape.of(record.forward.batch), wall_s)
         for observer in tuple(self._step_observers):
             observer(record)
 
@@ -351,6 +382,12 @@ class LLMEngine:
         """The load picture now, as plain data (step time and the served token counts are
         the async engine's to add)."""
         return build_snapshot(self.scheduler, self.transfer.stats)
+
+    def anchor_step_model(self) -> dict[str, Any]:
+        """Keep the steps timed so far for good in the step-time model the scheduler shapes
+        steps by (the end of the warm-up's grid of batch shapes); returns its fit."""
+        self.step_model.keep_as_anchors()
+        return self.step_model.describe()
 
     def rotate_out(self, request_id: str) -> bool:
         """Rotate a running request to the host tier now (warm-up, tests); False if it is
@@ -382,6 +419,7 @@ class LLMEngine:
         tracked = self._tracked[update.request_id]
         request = tracked.request
         detokenizer = tracked.detokenizer
+        self._add_logprobs(tracked, update.request_id)
         new_text = detokenizer.add_tokens(update.new_token_ids)
         finish_reason, stop_reason = update.finish_reason, update.stop_reason
         if detokenizer.stop_string is not None and finish_reason is None:
@@ -394,6 +432,15 @@ class LLMEngine:
         return self._request_output(
             tracked, new_text, update.new_token_ids, finish_reason, stop_reason
         )
+
+    def _add_logprobs(self, tracked: _Tracked, request_id: str) -> None:
+        prompt_logprobs = self._timed.prompt_logprobs.pop(request_id, None)
+        if prompt_logprobs is not None:
+            tracked.prompt_logprobs = prompt_logprobs
+        entry = self._timed.logprobs.pop(request_id, None)
+        if entry is not None and tracked.logprobs is not None:
+            tracked.logprobs.append(entry)
+            tracked.cumulative_logprob += entry.logprob
 
     @staticmethod
     def _request_output(
@@ -411,11 +458,14 @@ class LLMEngine:
             finish_reason,
             stop_reason,
         )  # the detokenizer's ids: the request's own may end in the next step's placeholder
+        if tracked.logprobs is not None:
+            completion.logprobs = list(tracked.logprobs)
+            completion.cumulative_logprob = tracked.cumulative_logprob
         metrics = metrics_of(request, with_token_times=finish_reason is not None)
         return RequestOutput(
             request.request_id, tracked.prompt, request.prompt_token_ids, [completion],
             finished=finish_reason is not None, metrics=metrics, new_text=new_text,
-            new_token_ids=new_token_ids,
+            new_token_ids=new_token_ids, prompt_logprobs=tracked.prompt_logprobs,
         )  # fmt: skip
 
     def close(self) -> None:

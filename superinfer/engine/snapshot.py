@@ -16,6 +16,7 @@ from superinfer.core.kv.errors import KVInvariantError
 from superinfer.core.kv.transfer import TransferStats
 from superinfer.core.outputs import SchedulerOutput
 from superinfer.core.scheduler import Scheduler
+from superinfer.slo.estimate import Queued
 
 
 @dataclass(frozen=True)
@@ -25,8 +26,9 @@ class EngineSnapshot:
     num_running: int = 0
     num_waiting: int = 0
     num_swapped: int = 0
-    # (next deadline on the engine clock, tokens to prefill) of each waiting request
-    waiting_deadlines: tuple[tuple[float, int], ...] = ()
+    # each waiting request: its next deadline (engine clock), tokens to prefill and class
+    # (admission's queue ahead, slo/estimate.py)
+    waiting: tuple[Queued, ...] = ()
     device_kv_usage: float = 0.0
     host_kv_usage: float = 0.0
     step_time_s: float = 0.0  # moving average of steps that produced tokens
@@ -45,6 +47,13 @@ class EngineSnapshot:
     num_generation_tokens: int = 0
     num_inflight_transfers: int = 0  # KV copies planned or running, not yet landed
     is_queue_by_deadline: bool = False  # the policy admits by deadline (admission's queue)
+    is_preempt_by_swap: bool = False  # the policy makes room by rotating to the host tier
+    block_size: int = 16
+    num_free_device_blocks: int = 0  # free now or once in-flight copies land
+    num_free_host_blocks: int = 0
+    running_blocks_by_class: Mapping[str | None, int] = field(default_factory=dict)
+    num_released_blocks: int = 0  # device blocks freed by requests that ended, in all
+    release_blocks_per_s: float = 0.0  # of those, recently (the async engine's to add)
 
 
 def build_snapshot(scheduler: Scheduler, transfer: TransferStats) -> EngineSnapshot:
@@ -54,8 +63,9 @@ def build_snapshot(scheduler: Scheduler, transfer: TransferStats) -> EngineSnaps
         num_running=len(scheduler.running),
         num_waiting=len(scheduler.waiting),
         num_swapped=len(scheduler.swapped),
-        waiting_deadlines=tuple(
-            (r.next_deadline(), r.num_uncomputed_tokens) for r in scheduler.waiting
+        waiting=tuple(
+            Queued(r.next_deadline(), r.num_uncomputed_tokens, r.slo.slo_class)
+            for r in scheduler.waiting
         ),
         device_kv_usage=kv.device.usage,
         host_kv_usage=kv.host.usage,
@@ -71,7 +81,20 @@ def build_snapshot(scheduler: Scheduler, transfer: TransferStats) -> EngineSnaps
         prefix_cache_hits=kv.stats.num_prefix_hit_tokens,
         num_inflight_transfers=kv.num_inflight_transfers,
         is_queue_by_deadline=scheduler.policy.is_queue_by_deadline,
+        is_preempt_by_swap=scheduler.policy.is_preempt_by_swap,
+        block_size=kv.block_size,
+        num_free_device_blocks=kv.device.num_free_blocks + kv.device.num_quarantined_blocks,
+        num_free_host_blocks=kv.host.num_free_blocks,
+        running_blocks_by_class=_blocks_by_class(scheduler),
+        num_released_blocks=stats.num_released_blocks,
     )
+
+
+def _blocks_by_class(scheduler: Scheduler) -> dict[str | None, int]:
+    blocks: Counter[str | None] = Counter()
+    for request in scheduler.running:
+        blocks[request.slo.slo_class] += scheduler.kv.num_device_blocks_of(request)
+    return dict(blocks)
 
 
 @dataclass(frozen=True)

@@ -1,101 +1,113 @@
 """Admission at ingress, before a request touches the queue (slo-contract.md, Admission):
 
-- 425 `slo_infeasible`: the end-to-end deadline passed, or the server's own estimate
-  (queue ahead + prefill + decode at the current step time) says it cannot be met;
+- 425 `slo_infeasible`: the end-to-end deadline passed, or the estimate (its first token,
+  then a step per output token) says it cannot be met;
 - 425 `slo_infeasible` too when the request binds a TTFT target (it gave one, or its class
-  rejects infeasible requests) and the estimate of its first token (the prompt tokens
-  queued ahead and its own, at the measured prefill cost, plus a decode step per step's
-  worth of them) is past that target. Under overload this keeps the queue to what can
-  still start in time: requests queued behind a backlog would miss their TTFT anyway,
-  and serving them late would make the requests after them late as well;
+  rejects infeasible requests) and the estimate of its first token is past that target.
+  Under overload this keeps the queue to what can still start in time: requests queued
+  behind a backlog would miss their TTFT anyway, and serving them late would make the
+  requests after them late as well;
 - 429 `queue_full` with Retry-After: the waiting queue is full by count or by tokens.
 
-Readiness (503) and input validation (400) are checked before this.
+The estimate is `slo/estimate.py`'s (queue ahead in class order, prefill, the wait for
+device KV memory), scaled by what it learned from the TTFT each admitted request measured
+against its estimate (`observe`). Readiness (503) and input validation (400) are checked
+before this.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from superinfer.server.errors import APIError
+from superinfer.slo.estimate import Correction, EngineLoad, Estimator, FirstTokenEstimate
+
+Load = EngineLoad  # what admission reads about the engine (`slo/estimate.py`)
 
 
 @dataclass(frozen=True)
-class Load:
-    """What admission reads about the engine at this moment."""
+class Demand:
+    """One request as admission sees it (times on the engine clock, seconds)."""
 
-    num_queued: int  # requests waiting for admission (added or about to be)
-    num_queued_tokens: int  # their prompt tokens still to prefill
-    step_time_s: float  # current time of one step (decode at the current batch)
-    prefill_s_per_token: float  # measured prefill cost per prompt token
-    num_batched_tokens: int = 512  # token budget of one step
+    num_prompt_tokens: int
+    max_tokens: int = 1  # output tokens the deadline check assumes
+    slo_class: str | None = None
+    ttft_deadline: float = math.inf  # arrival + its TTFT target (its place in the queue)
+    elapsed_s: float = 0.0  # spent since arrival, before admission
 
 
-@dataclass(frozen=True)
+@dataclass
 class Admission:
     max_num_queued_reqs: int
     max_num_queued_tokens: int
+    class_order: tuple[str, ...] = ()
+    correction: Correction = field(default_factory=Correction)
 
+    def __post_init__(self) -> None:
+        self.estimator = Estimator(self.class_order)
+
+    # --- estimates ------------------------------------------------------------------------
+    def estimate(self, load: Load, demand: Demand) -> FirstTokenEstimate:
+        """The raw estimate of `demand`'s first token, from now."""
+        return self.estimator.first_token(
+            load, demand.num_prompt_tokens, demand.slo_class, demand.ttft_deadline
+        )
+
+    def expected_ttft_s(self, demand: Demand, estimate: FirstTokenEstimate) -> float:
+        """Seconds from now to the first token as the learned correction expects it."""
+        return self.correction.corrected_s(demand.slo_class, estimate.raw_s)
+
+    def observe(self, slo_class: str | None, raw_estimate_s: float, measured_s: float) -> None:
+        """An admitted request's first token came `measured_s` after admission; its raw
+        estimate was `raw_estimate_s`."""
+        self.correction.observe(slo_class, raw_estimate_s, measured_s)
+
+    # --- checks ---------------------------------------------------------------------------
     def check(
         self,
         load: Load,
-        num_prompt_tokens: int,
-        max_tokens: int,
-        max_latency_ms: float | None,
-        elapsed_s: float,
+        demand: Demand,
+        max_latency_ms: float | None = None,
         is_reject_infeasible: bool = True,
-    ) -> None:
-        """Raise APIError 425 or 429, or return if the request may enter the queue."""
+        binding_ttft_ms: float | None = None,
+    ) -> FirstTokenEstimate:
+        """Raise APIError 425 or 429, or return the estimate of a request that may enter
+        the queue. `binding_ttft_ms`: the TTFT target the request is refused against."""
+        estimate = self.estimate(load, demand)
+        ttft_s = self.expected_ttft_s(demand, estimate)
         if max_latency_ms is not None:
-            self._check_deadline(load, num_prompt_tokens, max_tokens, max_latency_ms, elapsed_s,
-                                 is_reject_infeasible)  # fmt: skip
-        self._check_queue(load, num_prompt_tokens)
+            self._check_deadline(load, demand, ttft_s, max_latency_ms, is_reject_infeasible)
+        self._check_queue(load, demand)
+        if binding_ttft_ms is not None and is_reject_infeasible:
+            self._check_first_token(ttft_s, binding_ttft_ms, demand.elapsed_s)
+        return estimate
 
     @staticmethod
-    def estimate_s(load: Load, num_prompt_tokens: int, max_tokens: int) -> float:
-        """Seconds from now to the last token: queue ahead + prefill + decode."""
-        num_prefill = load.num_queued_tokens + num_prompt_tokens
-        return num_prefill * load.prefill_s_per_token + (max_tokens - 1) * load.step_time_s
-
-    @staticmethod
-    def estimate_ttft_s(load: Load, num_prompt_tokens: int) -> float:
-        """Seconds from now to the first token: the queued prompt tokens and this one's,
-        at the prefill cost, plus one decode step for every step they take."""
-        num_prefill = load.num_queued_tokens + num_prompt_tokens
-        num_steps = -(-num_prefill // max(1, load.num_batched_tokens))
-        return num_prefill * load.prefill_s_per_token + num_steps * load.step_time_s
-
-    def check_first_token(
-        self, load: Load, num_prompt_tokens: int, ttft_ms: float, elapsed_s: float
-    ) -> None:
-        """Raise APIError 425 if the first token cannot come within `ttft_ms` of arrival;
-        `load` counts the queue that will be served before this request."""
+    def _check_first_token(ttft_s: float, ttft_ms: float, elapsed_s: float) -> None:
         budget_s = ttft_ms / 1000.0 - elapsed_s
-        estimate_s = self.estimate_ttft_s(load, num_prompt_tokens)
-        if estimate_s > budget_s:
+        if ttft_s > budget_s:
             raise APIError(
                 425,
                 f"the TTFT target cannot be met: the first token is estimated in "
-                f"{estimate_s * 1000:.0f} ms, {max(0.0, budget_s) * 1000:.0f} ms are left",
+                f"{ttft_s * 1000:.0f} ms, {max(0.0, budget_s) * 1000:.0f} ms are left",
                 "slo_infeasible",
             )
 
     def _check_deadline(
         self,
         load: Load,
-        num_prompt_tokens: int,
-        max_tokens: int,
+        demand: Demand,
+        ttft_s: float,
         max_latency_ms: float,
-        elapsed_s: float,
         is_reject_infeasible: bool,
     ) -> None:
-        budget_s = max_latency_ms / 1000.0 - elapsed_s
+        budget_s = max_latency_ms / 1000.0 - demand.elapsed_s
         if budget_s <= 0:
             raise APIError(
                 425, "the deadline passed before the request was admitted", "slo_infeasible"
             )
-        estimate_s = self.estimate_s(load, num_prompt_tokens, max_tokens)
+        estimate_s = self.estimator.finish_s(load, ttft_s, demand.max_tokens)
         if is_reject_infeasible and estimate_s > budget_s:
             raise APIError(
                 425,
@@ -104,15 +116,19 @@ class Admission:
                 "slo_infeasible",
             )
 
-    def _check_queue(self, load: Load, num_prompt_tokens: int) -> None:
-        is_full = load.num_queued + 1 > self.max_num_queued_reqs
-        if load.num_queued:  # a lone request is never too big for an empty queue
-            is_full |= load.num_queued_tokens + num_prompt_tokens > self.max_num_queued_tokens
+    def _check_queue(self, load: Load, demand: Demand) -> None:
+        """The queue of this request's class and those above it is full: lower classes
+        waiting never make a higher one wait outside (each class can fill the bounds)."""
+        ahead = self.estimator.queue_ahead(load, demand.slo_class, math.inf)
+        num_queued, num_tokens = len(ahead), sum(q.num_tokens for q in ahead)
+        is_full = num_queued + 1 > self.max_num_queued_reqs
+        if num_queued:  # a lone request is never too big for an empty queue
+            is_full |= num_tokens + demand.num_prompt_tokens > self.max_num_queued_tokens
         if is_full:
             raise APIError(
                 429,
-                f"the queue is full ({load.num_queued} requests, {load.num_queued_tokens} "
-                "tokens waiting); retry later",
+                f"the queue is full ({num_queued} requests, {num_tokens} tokens waiting at "
+                "this class or above); retry later",
                 "queue_full",
                 headers={"Retry-After": str(retry_after_s(load))},
             )

@@ -19,7 +19,7 @@ from superinfer.engine.async_engine import AsyncEngine, RequestStream
 from superinfer.engine.native_memory import release_free_memory
 from superinfer.engine.snapshot import EngineSnapshot
 from superinfer.outputs import RequestOutput
-from superinfer.server.admission import Admission, Load
+from superinfer.server.admission import Admission, Demand, Load
 from superinfer.server.arrival import Arrival
 from superinfer.server.config import ServerConfig
 from superinfer.server.debug import engine_report
@@ -28,6 +28,7 @@ from superinfer.server.log_limit import RateLimitedLog
 from superinfer.server.prepare import PreparedRequest
 from superinfer.server.prometheus import ServerMetrics
 from superinfer.server.warmup import warm_up
+from superinfer.slo.estimate import FirstTokenEstimate
 from superinfer.slo.metrics import ABORTED, FINISHED, RequestRecord, SLOReport, slo_report, tbt_gaps
 from superinfer.slo.record_log import SLOLog, log_line
 
@@ -45,6 +46,8 @@ class Inflight:
     arrival: Arrival
     abort_reason: str | None = None
     report: SLOReport | None = None  # set when it ends (before its stream reads the end)
+    estimate: FirstTokenEstimate | None = None  # its first token, as estimated at admission
+    admitted_at: float = 0.0  # engine clock
 
 
 def default_engine_factory(config: EngineConfig) -> LLMEngine:
@@ -80,7 +83,10 @@ class EngineHost:
         self.metrics = metrics
         self.error_log = error_log
         self.engine_factory = engine_factory
-        self.admission = Admission(config.max_num_queued_reqs, config.max_num_queued_tokens)
+        self.admission = Admission(
+            config.max_num_queued_reqs, config.max_num_queued_tokens,
+            engine_config.scheduler.class_order,
+        )  # fmt: skip
         self.engine: AsyncEngine | None = None  # set once built
         self.inflight: dict[str, Inflight] = {}
         self.warmup_step_time_s = 0.0
@@ -137,21 +143,25 @@ class EngineHost:
         return {"num_inflight": len(self.inflight), **report}
 
     # --- admission ------------------------------------------------------------------------
-    def load(self, deadline: float | None = None) -> Load:
-        """The engine's load for admission; with `deadline` (engine clock), the queue counts
-        only requests due by then, where the policy admits by deadline."""
+    def load(self) -> Load:
+        """The engine's load for admission, from its published snapshot and the requests
+        handed to it that it has not added yet."""
         assert self.engine is not None
         snapshot = self.engine.snapshot
-        if not snapshot.is_queue_by_deadline:
-            deadline = None
-        num_queued, num_queued_tokens = self.engine.queue_load(deadline)
         is_busy = snapshot.num_running > 0
         step_time = (
             snapshot.step_time_s if is_busy and snapshot.step_time_s else self.warmup_step_time_s
         )
         return Load(
-            num_queued, num_queued_tokens, step_time, self.engine.prefill_s_per_token,
-            self.engine_config.scheduler.max_num_batched_tokens,
+            queued=self.engine.queued(), step_time_s=step_time,
+            prefill_s_per_token=self.engine.prefill_s_per_token,
+            num_batched_tokens=self.engine_config.scheduler.max_num_batched_tokens,
+            is_queue_by_deadline=snapshot.is_queue_by_deadline,
+            is_preempt_by_swap=snapshot.is_preempt_by_swap, block_size=snapshot.block_size,
+            num_free_device_blocks=snapshot.num_free_device_blocks,
+            num_free_host_blocks=snapshot.num_free_host_blocks,
+            running_blocks_by_class=snapshot.running_blocks_by_class,
+            release_blocks_per_s=snapshot.release_blocks_per_s,
         )  # fmt: skip
 
     def admit(
@@ -164,19 +174,17 @@ class EngineHost:
             raise APIError(400, f"request_id {prepared.request_id!r} is already in use",
                            "duplicate_request_id", "request_id")  # fmt: skip
         slo = prepared.slo
-        elapsed_s = time.monotonic() - arrival.monotonic
-        self.admission.check(
-            self.load(), len(prepared.prompt_token_ids), expected_tokens,
-            slo.targets.max_latency_ms, elapsed_s, slo.is_reject_infeasible,
+        now = time.monotonic()
+        demand = Demand(
+            len(prepared.prompt_token_ids), expected_tokens, slo.targets.slo_class,
+            arrival.monotonic + slo.targets.ttft_s, now - arrival.monotonic,
         )  # fmt: skip
         ttft_ms = slo.binding_ttft_ms if self.config.reject_infeasible_ttft else None
-        if ttft_ms is not None and slo.is_reject_infeasible:
-            # the queue ahead of this request: all of it, or what is due before its TTFT
-            load = self.load(deadline=arrival.monotonic + ttft_ms / 1000.0)
-            self.admission.check_first_token(
-                load, len(prepared.prompt_token_ids), ttft_ms, elapsed_s
-            )
-        inflight = self.inflight[prepared.request_id] = Inflight(prepared, arrival)
+        estimate = self.admission.check(
+            self.load(), demand, slo.targets.max_latency_ms, slo.is_reject_infeasible, ttft_ms
+        )
+        inflight = Inflight(prepared, arrival, estimate=estimate, admitted_at=now)
+        self.inflight[prepared.request_id] = inflight
         stream = self.engine.add_request(
             prepared.request_id, prepared.prompt_token_ids, prepared.params,
             arrival.monotonic, prepared.priority, slo.targets, prepared.prompt,
@@ -207,6 +215,7 @@ class EngineHost:
         record = _record_of(prepared, inflight.arrival, output)
         report = slo_report(record)
         inflight.report = report
+        self._learn(inflight, record)
         reason = inflight.abort_reason if record.outcome == ABORTED else None
         if error is not None:
             reason = "engine_error"
@@ -220,6 +229,14 @@ class EngineHost:
         self._on_report(report)
         self.metrics.on_ended(report, record.num_prompt_tokens, record.num_tokens_out,
                               finish_reason, gaps)  # fmt: skip
+
+    def _learn(self, inflight: Inflight, record: RequestRecord) -> None:
+        """Teach admission how this request's first token compared with its estimate."""
+        first_token_time = record.token_times[0] if record.token_times else None
+        if inflight.estimate is None or first_token_time is None:
+            return
+        measured_s = first_token_time - inflight.admitted_at
+        self.admission.observe(record.targets.slo_class, inflight.estimate.raw_s, measured_s)
 
 
 def _record_of(

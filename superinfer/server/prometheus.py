@@ -144,6 +144,12 @@ class ServerMetrics:
             "violated); capacity rejections (425, 429, 503) count as violated.",
             [*cls, "kind", "outcome"],
         )
+        self.admitted = self._counter(
+            "superinfer:admitted_requests",
+            "Admitted requests that ended, by whether they met every target (met, violated): "
+            "admission's precision is met / (met + violated).",
+            [*cls, "outcome"],
+        )
         self.rejections = self._counter(
             "superinfer:rejections", "Requests rejected at ingress, by reason.", [*cls, "reason"]
         )
@@ -168,6 +174,7 @@ class ServerMetrics:
                     self.slo_requests.labels(model, label, kind, outcome)
             for outcome in ("met", "violated"):
                 self.tbt_gaps.labels(model, label, outcome)
+                self.admitted.labels(model, label, outcome)
             for reason in CAPACITY_REJECTIONS:
                 self.rejections.labels(model, label, reason)
             for kind in SLACK_KINDS:
@@ -212,6 +219,7 @@ class ServerMetrics:
         for kind, is_met in met.items():
             outcome = "met" if is_met and is_finished else "violated"
             self.slo_requests.labels(model, label, kind, outcome).inc()
+        self.admitted.labels(model, label, "met" if report.is_all_met else "violated").inc()
         num_gaps_violated = report.num_tbt_gaps - report.num_tbt_gaps_met
         self.tbt_gaps.labels(model, label, "met").inc(report.num_tbt_gaps_met)
         self.tbt_gaps.labels(model, label, "violated").inc(num_gaps_violated)

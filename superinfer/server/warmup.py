@@ -1,7 +1,10 @@
 """Warm-up before the server reports healthy: a real request through prefill and decode,
 and a KV rotation round trip through the host tier (swapped out mid-decode, swapped back
 in, and its greedy tokens must equal the undisturbed run's). It also measures the prefill
-cost per token and the decode step time that admission estimates start from.
+cost per token and the decode step time that admission estimates start from. With
+`--tbt-shaped-steps` it also times a small grid of batches (several sequences decoding at
+once, a batched prefill): with the steps above they anchor the step-time model the
+scheduler shapes steps by.
 
 Runs on the engine thread (`AsyncEngine.call`), before any user request is accepted, and
 uses only the engine's public contract (steps, its step observer, snapshot, rotate_out,
@@ -24,6 +27,8 @@ _NUM_TOKENS = 8
 _ROTATE_AFTER = 3  # output tokens before the forced rotation
 _MAX_STEPS = 10_000
 _TIMING_PROMPT_TOKENS = 256
+_GRID_BATCH_SIZES = (4, 16)  # sequences decoding together in the timing grid
+_GRID_PROMPT_TOKENS = 20
 
 
 class WarmupError(RuntimeError):
@@ -50,6 +55,12 @@ def warm_up(engine: LLMEngine) -> WarmupReport:
         raise WarmupError(f"tokens changed across a KV rotation: {plain} vs {rotated}")
     logger.info("Warm-up 3/3: timing a whole-prompt prefill")
     prefill_s_per_token = _time_prefill(engine)  # after the first forwards warmed the kernels
+    if engine.config.scheduler.tbt_shaped_steps:
+        for num_seqs in _grid_batch_sizes(engine):
+            _time_batch(engine, num_seqs)
+        fit = engine.anchor_step_model()
+        logger.info("Step-time model: %s", ", ".join(
+            f"{k} {v:.3g}" for k, v in fit.items() if isinstance(v, float)))  # fmt: skip
     _check_clean(engine)
     seconds = time.perf_counter() - start
     logger.info("Warm-up done in %.1f s: prefill %.2f ms/token, decode step %.1f ms",
@@ -78,6 +89,31 @@ def _time_prefill(engine: LLMEngine) -> float:
     start = time.perf_counter()
     _run_until_done(engine, "superinfer-warmup-prefill")
     return (time.perf_counter() - start) / len(prompt)
+
+
+def _grid_batch_sizes(engine: LLMEngine) -> list[int]:
+    """The grid's batch sizes that fit the engine's limits (small test pools included)."""
+    config = engine.config
+    blocks_per_seq = -(-(_GRID_PROMPT_TOKENS + _NUM_TOKENS) // config.cache.block_size)
+    most = min(config.scheduler.max_num_seqs,
+               engine.snapshot().num_device_blocks // (2 * blocks_per_seq),
+               config.scheduler.max_num_batched_tokens // _GRID_PROMPT_TOKENS)  # fmt: skip
+    return sorted({min(n, most) for n in _GRID_BATCH_SIZES if min(n, most) > 1})
+
+
+def _time_batch(engine: LLMEngine, num_seqs: int) -> None:
+    """`num_seqs` distinct short prompts prefilled together, then decoded together."""
+    base = _prompt_ids(engine, _GRID_PROMPT_TOKENS + num_seqs)
+    request_ids = [f"superinfer-warmup-batch{num_seqs}-{i}" for i in range(num_seqs)]
+    for i, request_id in enumerate(request_ids):
+        prompt = base[i : i + _GRID_PROMPT_TOKENS]  # shifted: no shared prefix blocks
+        engine.add_request({"prompt_token_ids": prompt}, _greedy(_NUM_TOKENS), request_id)
+    pending = set(request_ids)
+    for _ in range(_MAX_STEPS):
+        pending -= {o.request_id for o in engine.step() if o.finished}
+        if not pending:
+            return
+    raise WarmupError(f"warm-up batch of {num_seqs} did not finish")
 
 
 def _generate(

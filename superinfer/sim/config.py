@@ -107,9 +107,11 @@ class SimConfig:
             setattr(self, f.name, options.get(f.name, f.default))
         flat = {part: {k: v for k, v in options.items() if _OWNERS.get(k) == part}
                 for part in _PARTS}  # fmt: skip
+        slo_config = load_slo_config(self.slo_config)  # the default classes without a file
         if self.slo_config is not None and "class_reservations" not in options:
-            reservations = load_slo_config(self.slo_config).reservations()
-            flat["scheduler"]["class_reservations"] = reservations
+            flat["scheduler"]["class_reservations"] = slo_config.reservations()
+        if "class_order" not in options:
+            flat["scheduler"]["class_order"] = tuple(slo_config.class_names)
         self.scheduler = self._nested(SchedulerConfig, scheduler, flat["scheduler"])
         self.cache = self._nested(CacheConfig, cache, flat["cache"])
         self._check()

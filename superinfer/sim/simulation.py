@@ -141,9 +141,11 @@ def is_pipelined(system: SimSystem) -> bool:
 def build_engine(system: SimSystem, loop: EventLoop) -> SimEngine:
     config = system.config
     pipeline = is_pipelined(system)
+    # steps are shaped by the simulated machine's own step times, as the real engine's
+    # are by the model it fits to its own steps
     scheduler = build_scheduler(
         replace(config.scheduler, pipeline=pipeline), config.cache, system.num_device_blocks,
-        system.num_host_blocks,
+        system.num_host_blocks, step_model=system.predictor,
     )  # fmt: skip
     hardware, model = system.hardware, system.model
     link = LinkModel(

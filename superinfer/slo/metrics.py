@@ -214,6 +214,8 @@ class Attainment:
     num_all_met: int
     duration_s: float | None = None
     goodput_rps: float | None = None  # requests per second that met all their targets
+    # admission's judge: the share of admitted (not refused) requests that met all targets
+    precision: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
@@ -250,6 +252,7 @@ def attainment(reports: Iterable[SLOReport], duration_s: float | None = None) ->
         num_all_met=num_all_met,
         duration_s=duration_s,
         goodput_rps=num_all_met / duration_s if duration_s else None,
+        precision=_share(num_all_met, sum(1 for r in reports if r.outcome != REJECTED)),
     )  # fmt: skip
 
 
@@ -312,3 +315,13 @@ def distribution(values: Sequence[float], percentiles: Sequence[float] = (99,)) 
         std=variance**0.5,
         percentiles={q: percentile(values, q) for q in percentiles},
     )
+
+
+def refusal_cost(admitted_run: Sequence[SLOReport], replay: Sequence[SLOReport]) -> float | None:
+    """The share of requests refused in `admitted_run` that met all their targets in
+    `replay`, the same requests (same order) served with admission off: what refusing
+    them cost. None when nothing was refused."""
+    if len(admitted_run) != len(replay):
+        raise ValueError(f"the runs differ in length: {len(admitted_run)} vs {len(replay)}")
+    refused = [i for i, r in enumerate(admitted_run) if r.outcome == REJECTED and r.is_slo_request]
+    return _share(sum(1 for i in refused if replay[i].is_all_met), len(refused))

@@ -47,3 +47,31 @@ def test_flags_to_options():
     sweep = bench_parser("sweep").parse_args(["--output-dir", "x", "--system", "edf"])
     assert workload_config(sweep, request_rate=3.0).request_rate == 3.0
     assert (sweep.num_warmups, sweep.metrics_interval) == (2, 0.5)
+
+
+def test_refusal_cost_compares_a_run_with_its_replay(tmp_path, capsys):
+    import json
+
+    from superinfer.cli import main
+
+    def rec(i, outcome, met, code=None):
+        slo = {"ttft_ms": 1.0, "tpot_ms": 1.0, "max_tbt_ms": 1.0, "e2e_ms": 1.0, "queue_ms": 0.0,
+               "ttft_met": met, "tpot_met": met, "deadline_met": True}  # fmt: skip
+        return {"slo_class": "gold" if i % 2 else "bronze", "scheduled_arrival_s": i * 0.1,
+                "targets": {"ttft_ms": 500, "tbt_ms": 100, "max_latency_ms": None},
+                "outcome": outcome, "error_code": code, "prompt_tokens": 5, "slo": slo}  # fmt: skip
+
+    refused = [rec(i, "rejected", False, "slo_infeasible") for i in range(4)]
+    run = {"precision": 1.0, "records": refused + [rec(4, "finished", True)]}
+    replay = {"records": [rec(i, "finished", i < 3) for i in range(5)]}
+    paths = [tmp_path / "run.json", tmp_path / "replay.json"]
+    for path, data in zip(paths, (run, replay)):
+        path.write_text(json.dumps(data))
+    assert main(["bench", "refusal-cost", *map(str, paths)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["refusal_cost"] == 0.75 and out["num_refused"] == 4
+    assert out["refusal_cost_by_class"] == {"bronze": 1.0, "gold": 0.5}
+    replay["records"][0]["slo_class"] = "gold"
+    paths[1].write_text(json.dumps(replay))
+    assert main(["bench", "refusal-cost", *map(str, paths)]) != 0
+    assert "not the same workload" in capsys.readouterr().err

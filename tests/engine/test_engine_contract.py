@@ -67,15 +67,19 @@ def test_the_snapshot_is_the_load_picture(engine):
     engine.add_request({"prompt_token_ids": list(range(40, 52))}, greedy(3), "snap")
     waiting = engine.snapshot()
     assert (waiting.num_waiting, waiting.num_running) == (before.num_waiting + 1, 0)
-    ((_, num_tokens),) = waiting.waiting_deadlines
-    assert num_tokens == 12 and waiting.is_queue_by_deadline  # rotasched
+    (queued,) = waiting.waiting
+    assert queued.num_tokens == 12 and waiting.is_queue_by_deadline  # rotasched
+    assert waiting.num_free_device_blocks == 64 and waiting.block_size == 8
     engine.step()
     running = engine.snapshot()
     assert (running.num_waiting, running.num_running) == (0, 1)
     assert running.num_steps > before.num_steps and running.device_kv_usage > 0
+    assert running.running_blocks_by_class == {None: 2}  # 12 tokens, 8 a block
+    assert running.num_free_device_blocks == 62
     assert running.num_device_blocks == 64 and running.num_host_blocks == 64
     run_all(engine)
     assert engine.snapshot().num_inflight_transfers == 0
+    assert engine.snapshot().num_released_blocks - before.num_released_blocks == 2
 
 
 def test_abort_returns_the_final_output_without_a_placeholder(engine):
@@ -117,3 +121,17 @@ def test_close_with_a_step_in_flight():
     engine.abort_request("late")
     engine.close()  # waits for the forward and lifts its fence
     engine.check_invariants()
+
+
+def test_the_step_model_learns_from_every_step_and_shapes_once_anchored(engine):
+    assert not engine.step_model.is_ready  # no warm-up: steps are not shaped
+    for i in range(4):
+        engine.add_request({"prompt_token_ids": list(range(200 + i, 220 + i))}, greedy(12), f"m{i}")
+    run_all(engine)
+    report = engine.anchor_step_model()
+    assert engine.step_model.is_ready and report["num_anchors"] >= 8
+    from superinfer.core.step_time import BatchShape
+
+    one, four = (engine.step_model.forward_time(BatchShape.of_lists([1] * n, [20] * n))
+                 for n in (1, 4))  # fmt: skip
+    assert 0 < one <= four

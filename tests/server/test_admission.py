@@ -1,27 +1,45 @@
-"""Admission arithmetic: the deadline estimate (425) and the bounded queue (429)."""
+"""Admission: the deadline and TTFT checks (425) on the shared estimate, the bounded queue
+(429), and the correction it learns from measured first tokens."""
 
 from __future__ import annotations
 
 import pytest
 
-from superinfer.server.admission import Admission, Load, retry_after_s
+from superinfer.server.admission import Admission, Demand, Load, retry_after_s
 from superinfer.server.errors import APIError
+from superinfer.slo.estimate import Queued
 
-ADMISSION = Admission(max_num_queued_reqs=4, max_num_queued_tokens=1000)
-IDLE = Load(num_queued=0, num_queued_tokens=0, step_time_s=0.05, prefill_s_per_token=0.002)
-
-
-def check(load=IDLE, prompt=100, max_tokens=10, max_latency_ms=None, elapsed_s=0.0, reject=True):
-    ADMISSION.check(load, prompt, max_tokens, max_latency_ms, elapsed_s, reject)
+CLASSES = ("gold", "silver", "bronze")
 
 
-def test_estimate_is_queue_plus_prefill_plus_decode():
-    load = Load(2, 400, 0.05, 0.002)
-    assert Admission.estimate_s(load, 100, 11) == pytest.approx(500 * 0.002 + 10 * 0.05)
+def admission() -> Admission:
+    return Admission(max_num_queued_reqs=4, max_num_queued_tokens=1000, class_order=CLASSES)
+
+
+def queue(num_requests: int, num_tokens: int, slo_class: str | None = None) -> tuple[Queued, ...]:
+    """`num_requests` queued requests with `num_tokens` prompt tokens in all."""
+    if not num_requests:
+        return ()
+    sizes = [num_tokens // num_requests] * num_requests
+    sizes[0] += num_tokens - sum(sizes)
+    return tuple(Queued(0.0, n, slo_class) for n in sizes)
+
+
+def load(num_requests: int = 0, num_tokens: int = 0, **kwargs) -> Load:
+    return Load(queue(num_requests, num_tokens), step_time_s=0.05, prefill_s_per_token=0.002,
+                **kwargs)  # fmt: skip
+
+
+def check(load=None, prompt=100, max_tokens=10, max_latency_ms=None, elapsed_s=0.0, reject=True,
+          ttft_ms=None, slo_class=None, gate=None):  # fmt: skip
+    gate = gate or admission()
+    demand = Demand(prompt, max_tokens, slo_class, 1.0, elapsed_s)
+    return gate.check(load or Load(step_time_s=0.05, prefill_s_per_token=0.002), demand,
+                      max_latency_ms, reject, ttft_ms)  # fmt: skip
 
 
 def test_feasible_deadline_is_admitted_and_infeasible_is_425():
-    check(max_latency_ms=1000)  # 0.2 + 0.45 = 0.65 s
+    check(max_latency_ms=1000)  # 0.2 + 0.05 to the first token, then 9 x 0.05
     with pytest.raises(APIError) as info:
         check(max_latency_ms=600)
     assert info.value.status == 425 and info.value.code == "slo_infeasible"
@@ -37,39 +55,59 @@ def test_time_already_spent_counts_and_a_past_deadline_is_always_425():
 
 def test_best_effort_class_is_not_rejected_on_the_estimate():
     check(max_latency_ms=300, reject=False)
+    check(load(3, 900), ttft_ms=100, reject=False)
 
 
 def test_queue_full_by_count_and_by_tokens():
     with pytest.raises(APIError) as info:
-        check(Load(4, 10, 0.05, 0.002))
+        check(load(4, 10))
     assert info.value.status == 429 and info.value.code == "queue_full"
     assert 1 <= int(info.value.headers["Retry-After"]) <= 60
     with pytest.raises(APIError):
-        check(Load(1, 950, 0.05, 0.002))
-    check(Load(0, 0, 0.05, 0.002), prompt=5000)  # an empty queue takes any single prompt
+        check(load(1, 950))
+    check(load(), prompt=5000)  # an empty queue takes any single prompt
 
 
 def test_retry_after_is_bounded():
-    assert retry_after_s(Load(0, 0, 0.0, 0.0)) == 1
-    assert retry_after_s(Load(10, 10**9, 1.0, 1.0)) == 60
-
-
-def check_ttft(load, prompt, ttft_ms, elapsed_s=0.0):
-    ADMISSION.check_first_token(load, prompt, ttft_ms, elapsed_s)
-
-
-def test_ttft_estimate_is_queued_prefill_plus_a_decode_step_per_step_of_it():
-    load = Load(2, 900, 0.05, 0.002, num_batched_tokens=512)
-    # 1,000 prompt tokens at 2 ms, over two steps of 512 tokens, each with a 50 ms decode
-    assert Admission.estimate_ttft_s(load, 100) == pytest.approx(1000 * 0.002 + 2 * 0.05)
+    assert retry_after_s(Load()) == 1
+    slow = Load(queue(10, 10**9), step_time_s=1.0, prefill_s_per_token=1.0)
+    assert retry_after_s(slow) == 60
 
 
 def test_a_first_token_that_cannot_come_in_time_is_425():
-    backlog = Load(3, 900, 0.05, 0.002, num_batched_tokens=512)  # 2.1 s to this one's token
-    check_ttft(backlog, 100, ttft_ms=3000)
+    backlog = load(3, 900)  # 1,000 tokens at 2 ms, 2 steps of 50 ms: 2.1 s to the first token
+    assert check(backlog, ttft_ms=3000).raw_s == pytest.approx(2.1)
     with pytest.raises(APIError) as info:
-        check_ttft(backlog, 100, ttft_ms=2000)
+        check(backlog, ttft_ms=2000)
     assert info.value.status == 425 and info.value.code == "slo_infeasible"
     assert "TTFT" in str(info.value)
     with pytest.raises(APIError):  # time spent before admission counts
-        check_ttft(backlog, 100, ttft_ms=3000, elapsed_s=1.0)
+        check(backlog, ttft_ms=3000, elapsed_s=1.0)
+
+
+def test_a_bronze_backlog_is_not_ahead_of_gold():
+    backlog = Load(queue(3, 900, "bronze"), step_time_s=0.05, prefill_s_per_token=0.002)
+    check(backlog, ttft_ms=500, slo_class="gold")  # 0.2 s + one step
+    with pytest.raises(APIError):
+        check(backlog, ttft_ms=500, slo_class="bronze")
+
+
+def test_the_learned_correction_refuses_what_the_raw_estimate_would_admit():
+    gate = admission()
+    backlog = load(2, 300)  # raw: 0.8 s + a step
+    assert check(backlog, ttft_ms=1000, gate=gate).raw_s == pytest.approx(0.85)
+    for _ in range(30):  # first tokens came 1.5x later than estimated
+        gate.observe(None, 0.6, 0.9)
+    with pytest.raises(APIError):
+        check(backlog, ttft_ms=1000, gate=gate)
+    gold_backlog = Load(queue(2, 300, "gold"), step_time_s=0.05, prefill_s_per_token=0.002)
+    with pytest.raises(APIError):  # a class without samples borrows the pooled correction
+        check(gold_backlog, ttft_ms=1000, slo_class="gold", gate=gate)
+
+
+def test_a_queue_full_of_bronze_does_not_turn_gold_away():
+    full = Load(queue(4, 40, "bronze"), step_time_s=0.05, prefill_s_per_token=0.002)
+    with pytest.raises(APIError) as info:
+        check(full, slo_class="bronze")
+    assert info.value.status == 429
+    check(full, slo_class="gold")

@@ -8,8 +8,8 @@ from superinfer.config import CacheConfig, SchedulerConfig
 from superinfer.core.policies import available_policies
 from superinfer.sim.config import SimConfig
 from superinfer.sim.models import get_model
-from superinfer.sim.simulation import build_system
 from superinfer.sim.results import records_of, result_json, summarize
+from superinfer.sim.simulation import build_system
 from superinfer.sim.workload import SimRequest, synthetic_workload
 from superinfer.slo.metrics import ABORTED, FINISHED, REJECTED
 from tests.sim.helpers import run_small, small_workload
@@ -152,14 +152,17 @@ def test_every_scheduler_knob_reaches_the_simulated_scheduler():
     assert not scheduler.kv.device.is_caching and config.pipeline is False  # resolved: cpu
 
 
-def test_class_reservations_from_the_slo_config_keep_gold_fast_under_a_bronze_flood(tmp_path):
+def test_class_order_and_reservations_from_the_slo_config_keep_gold_fast_under_a_bronze_flood(
+    tmp_path,
+):
     path = tmp_path / "classes.yaml"
     path.write_text(CLASSES)
     workload = small_workload(num_requests=60, rate=12.0)
     workload = [replace(r, slo_class="gold" if i % 4 == 0 else "bronze")
                 for i, r in enumerate(workload)]  # fmt: skip
     reserved = run_small(workload, slo_config=str(path))
-    shared = run_small(workload, slo_config=str(path), class_reservations={})
+    ordered = run_small(workload, slo_config=str(path), class_reservations={})  # ranks only
+    shared = run_small(workload, slo_config=str(path), class_reservations={}, class_order=())
     assert reserved.engine.scheduler.config.class_reservations == {"gold": (0.4, 0.3)}
     assert reserved.engine.scheduler.reservations.is_enabled
     assert {r.slo.slo_class for r in reserved.requests} == {"gold", "bronze"}
@@ -168,5 +171,7 @@ def test_class_reservations_from_the_slo_config_keep_gold_fast_under_a_bronze_fl
     assert with_["gold"]["num_requests"] == 15 and with_["gold"]["targets"]["ttft_ms"] == 2000
     assert with_["gold"]["p90_ttft_ms"] < without["gold"]["p90_ttft_ms"] / 2
     assert with_["bronze"]["p90_ttft_ms"] > without["bronze"]["p90_ttft_ms"]
+    by_rank = result_json(ordered)["classes"]  # class order alone already puts gold first
+    assert by_rank["gold"]["p90_ttft_ms"] < without["gold"]["p90_ttft_ms"] / 2
     with pytest.raises(ValueError, match="silver"):
         run_small([replace(workload[0], slo_class="silver")], slo_config=str(path))

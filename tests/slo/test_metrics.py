@@ -12,6 +12,7 @@ from superinfer.slo.metrics import (
     RequestRecord,
     attainment,
     attainment_by_class,
+    refusal_cost,
     run_duration_s,
     slo_report,
     tbt_gaps,
@@ -102,6 +103,18 @@ def test_run_attainment_and_goodput():
     assert run.deadline is None  # nobody gave a deadline
     assert run.tbt_token == pytest.approx(3 / 5)  # pooled gaps: 2 + 1 + 0 met of 5
     assert run.goodput_rps == pytest.approx(0.5)
+    assert run.precision == pytest.approx(1 / 3)  # of the three admitted, one met all
+
+
+def test_refusal_cost_counts_refused_requests_the_replay_served_in_time():
+    refused = slo_report(record([], outcome=REJECTED, rejection_reason="slo_infeasible"))
+    met, missed = slo_report(record([10.1, 10.12])), slo_report(record([10.3, 10.32]))
+    run = [refused, met, refused, refused]
+    replay = [met, met, missed, met]  # the same requests, admission off
+    assert refusal_cost(run, replay) == pytest.approx(2 / 3)
+    assert refusal_cost([met], [missed]) is None  # nothing refused
+    with pytest.raises(ValueError):
+        refusal_cost(run, replay[:2])
 
 
 def test_deadline_attainment_counts_only_requests_with_a_deadline():

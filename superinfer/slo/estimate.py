@@ -1,0 +1,204 @@
+"""When will a request's first token come? The one estimate behind every admission answer
+(the server's `Admission`, the Ray router's ranking of replicas) and the estimated-TTFT
+figures a refusal reports.
+
+Pure Python over plain data: `EngineLoad` is built from the engine's published snapshot
+(never the live engine), times are seconds from now, deadlines are on the engine's clock.
+
+    first token = compute + memory, times the learned correction
+    compute     = (prompt tokens queued ahead + this prompt) x prefill cost per token
+                  + one step per step's worth of those tokens
+    memory      = blocks the queue ahead and this request need beyond what is free (or can
+                  be freed by rotating requests out to the host tier under the active
+                  policy), over the rate at which finishing requests free device blocks
+
+"Ahead" is class order, then the policy's: requests of a more important class, and those
+of the same class the policy serves first (due earlier, when it admits by deadline; all of
+them otherwise). A bronze backlog is not ahead of a gold request.
+
+The correction (`Correction`) learns from every admitted request how its measured TTFT
+compares with its estimate, per class, and scales later estimates by a high quantile of
+that ratio: a drifting machine or a new model needs no retuning, and the estimate errs on
+the side of the promise.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+# No device-memory release seen recently while memory is short: the wait is unknown, and
+# long. The estimate uses this instead of infinity so that it stays a number.
+UNKNOWN_MEMORY_WAIT_S = 60.0
+_POOLED = object()  # the correction's key for all classes together
+
+
+@dataclass(frozen=True)
+class Queued:
+    """A request waiting for its first admission to the running batch."""
+
+    deadline: float  # its TTFT deadline, engine clock
+    num_tokens: int  # prompt tokens it still has to prefill
+    slo_class: str | None = None
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """What admission reads about the engine at this moment (from its snapshot, plus the
+    requests the event loop handed over that the engine has not added yet)."""
+
+    queued: tuple[Queued, ...] = ()
+    step_time_s: float = 0.0  # current time of one step
+    prefill_s_per_token: float = 0.0  # measured prefill cost per prompt token
+    num_batched_tokens: int = 512  # token budget of one step
+    is_queue_by_deadline: bool = False  # the policy admits earliest deadline first
+    is_preempt_by_swap: bool = False  # the policy makes room by rotating to the host tier
+    block_size: int = 16
+    num_free_device_blocks: int = 1 << 30
+    num_free_host_blocks: int = 0
+    running_blocks_by_class: Mapping[str | None, int] = field(default_factory=dict)
+    release_blocks_per_s: float = 0.0  # device blocks freed by finishing requests, recently
+
+    @property
+    def num_queued(self) -> int:
+        return len(self.queued)
+
+    @property
+    def num_queued_tokens(self) -> int:
+        return sum(q.num_tokens for q in self.queued)
+
+
+@dataclass(frozen=True)
+class FirstTokenEstimate:
+    """Seconds from now to the first token, by part (raw: before the correction)."""
+
+    compute_s: float
+    memory_s: float
+
+    @property
+    def raw_s(self) -> float:
+        return self.compute_s + self.memory_s
+
+
+class Estimator:
+    """Estimates over an `EngineLoad`, in the class order of the server's SLO config."""
+
+    def __init__(self, class_order: Sequence[str] = ()) -> None:
+        self.ranks = {name: rank for rank, name in enumerate(class_order)}
+
+    def rank(self, slo_class: str | None) -> int:
+        """0 for the most important class; classless requests rank below all."""
+        return self.ranks.get(slo_class or "", len(self.ranks))
+
+    def queue_ahead(self, load: EngineLoad, slo_class: str | None, deadline: float) -> list[Queued]:
+        """The queued requests the scheduler will admit before this one."""
+        rank = self.rank(slo_class)
+        ahead = []
+        for queued in load.queued:
+            other = self.rank(queued.slo_class)
+            if other < rank or (other == rank and (not load.is_queue_by_deadline
+                                                   or queued.deadline <= deadline)):  # fmt: skip
+                ahead.append(queued)
+        return ahead
+
+    def first_token(
+        self,
+        load: EngineLoad,
+        num_prompt_tokens: int,
+        slo_class: str | None,
+        deadline: float,
+    ) -> FirstTokenEstimate:
+        ahead = self.queue_ahead(load, slo_class, deadline)
+        num_prefill = sum(q.num_tokens for q in ahead) + num_prompt_tokens
+        num_steps = -(-num_prefill // max(1, load.num_batched_tokens))
+        compute_s = num_prefill * load.prefill_s_per_token + num_steps * load.step_time_s
+        num_needed = sum(_blocks(q.num_tokens, load.block_size) for q in ahead)
+        num_needed += _blocks(num_prompt_tokens, load.block_size)
+        deficit = num_needed - self._num_available_blocks(load, slo_class)
+        return FirstTokenEstimate(compute_s, _memory_wait_s(deficit, load))
+
+    def finish_s(self, load: EngineLoad, first_token_s: float, max_tokens: int) -> float:
+        """Seconds from now to the last token: the first, then a step per token."""
+        return first_token_s + max(0, max_tokens - 1) * load.step_time_s
+
+    def _num_available_blocks(self, load: EngineLoad, slo_class: str | None) -> int:
+        """Free device blocks, plus those the scheduler would rotate out to make room:
+        lower classes' (any policy displaces them), and under a rotating policy the same
+        class's too, as far as the host tier has room."""
+        rank = self.rank(slo_class)
+        rotatable = sum(
+            blocks for name, blocks in load.running_blocks_by_class.items()
+            if self.rank(name) > rank or (load.is_preempt_by_swap and self.rank(name) == rank)
+        )  # fmt: skip
+        return load.num_free_device_blocks + min(rotatable, load.num_free_host_blocks)
+
+
+def _blocks(num_tokens: int, block_size: int) -> int:
+    return -(-(num_tokens + 1) // max(1, block_size))  # and the first output token's slot
+
+
+def _memory_wait_s(num_deficit_blocks: int, load: EngineLoad) -> float:
+    if num_deficit_blocks <= 0:
+        return 0.0
+    if load.release_blocks_per_s <= 0:
+        return UNKNOWN_MEMORY_WAIT_S
+    return num_deficit_blocks / load.release_blocks_per_s
+
+
+class Correction:
+    """Learned ratios of measured to estimated TTFT, per class.
+
+    `factor(cls)` is the `quantile` of the last `window` ratios of that class (the pooled
+    ratios of all classes until it has `min_samples`, 1 until those have), clamped to
+    [`low`, `high`]. Estimates below `floor_s` are
+    compared as `floor_s`: a near-idle engine's few milliseconds of estimate say little
+    about its error, and must not blow the ratio up.
+    """
+
+    def __init__(
+        self,
+        quantile: float = 0.9,
+        window: int = 200,
+        min_samples: int = 20,
+        floor_s: float = 0.1,
+        low: float = 0.5,
+        high: float = 4.0,
+    ) -> None:
+        if not 0 < quantile < 1:
+            raise ValueError(f"quantile must lie in (0, 1), got {quantile}")
+        self.quantile, self.window, self.min_samples = quantile, window, min_samples
+        self.floor_s, self.low, self.high = floor_s, low, high
+        self._ratios: dict[object, deque[float]] = {}
+        self._factors: dict[object, float] = {}
+
+    def observe(self, slo_class: str | None, estimated_s: float, measured_s: float) -> None:
+        """One admitted request's raw estimate and measured TTFT (both from admission)."""
+        if not (math.isfinite(estimated_s) and math.isfinite(measured_s)) or measured_s < 0:
+            return
+        ratio = measured_s / max(estimated_s, self.floor_s)
+        for key in (slo_class, _POOLED):
+            ratios = self._ratios.setdefault(key, deque(maxlen=self.window))
+            ratios.append(ratio)
+            if len(ratios) >= self.min_samples:
+                ordered = sorted(ratios)
+                value = ordered[min(len(ordered) - 1, int(self.quantile * len(ordered)))]
+                self._factors[key] = min(self.high, max(self.low, value))
+
+    def factor(self, slo_class: str | None) -> float:
+        """The class's learned factor; the pooled one of all classes while the class has
+        too few samples of its own (a rare gold class learns from the busy bronze one)."""
+        return self._factors.get(slo_class, self._factors.get(_POOLED, 1.0))
+
+    def corrected_s(self, slo_class: str | None, raw_s: float) -> float:
+        """The TTFT to expect for a raw estimate of `raw_s`: the learned quantile ratio
+        times the estimate taken at the floor, as the ratios were; `raw_s` itself until
+        the class has enough samples."""
+        if slo_class not in self._factors and _POOLED not in self._factors:
+            return raw_s
+        return self.factor(slo_class) * max(raw_s, self.floor_s)
+
+    def to_dict(self) -> dict[str, float]:
+        return {("all" if name is _POOLED else str(name)): round(value, 4)
+                for name, value in self._factors.items()}  # fmt: skip

@@ -1,0 +1,191 @@
+"""Steps shaped by TBT promises: a gold request's next token is never late when the step
+model allows it, bronze sits steps out but never past its own TBT, prompts progress in
+chunks that fit, and a higher class displaces a lower one by rotation."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from superinfer.core.request import RequestStatus
+from superinfer.core.step_time import BatchShape, StepTimePredictor, step_seconds
+from superinfer.slo import SLOTargets
+from tests.factories import fake_model_output, make_request, make_scheduler
+
+GOLD = SLOTargets(ttft_ms=500, tbt_ms=100, slo_class="gold")
+BRONZE = SLOTargets(ttft_ms=5000, tbt_ms=1000, slo_class="bronze")
+CLASSES = ("gold", "silver", "bronze")
+
+
+class LinearCost(StepTimePredictor):
+    """A made-up machine: a fixed cost per step, per sequence and per token."""
+
+    def __init__(self, base_s: float = 0.03, seq_s: float = 0.006, token_s: float = 0.0005):
+        self.base_s, self.seq_s, self.token_s = base_s, seq_s, token_s
+
+    def forward_time(self, batch: BatchShape) -> float:
+        return self.base_s + self.seq_s * batch.num_seqs + self.token_s * batch.num_tokens
+
+
+def classed(request, targets: SLOTargets):
+    request.slo = targets
+    return request
+
+
+def drive(scheduler, model, num_steps: int, now: float = 0.0, arrivals=()) -> float:
+    """Run steps on a virtual clock that advances by the model's time of each batch;
+    `arrivals` are (time, request) added once the clock passes their time."""
+    pending: list[int] = []
+    arrivals = sorted(arrivals, key=lambda a: a[0])
+    for _ in range(num_steps):
+        while arrivals and arrivals[0][0] <= now:
+            scheduler.add_request(arrivals.pop(0)[1])
+        if not scheduler.has_unfinished_requests and not arrivals:
+            break
+        scheduler.complete_transfers(pending)
+        out = scheduler.schedule(now)
+        pending = [spec.transfer_id for spec in out.transfers]
+        now += step_seconds(model, BatchShape.of(out)) or 0.005
+        scheduler.update_from_output(out, fake_model_output(out), now)
+        scheduler.check_invariants()
+    return now
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def gaps(request) -> list[float]:
+    times = request.output_token_times
+    return [b - a for a, b in itertools.pairwise(times)]
+
+
+def gold_and_bronze(is_shaped: bool, model: StepTimePredictor, num_bronze: int = 12):
+    s = make_scheduler("rotasched", num_device_blocks=400, max_num_seqs=32,
+                       max_num_batched_tokens=256, step_model=model,
+                       tbt_shaped_steps=is_shaped, class_order=CLASSES)  # fmt: skip
+    gold = classed(make_request(8, max_tokens=60, request_id="gold"), GOLD)
+    bronze = [classed(make_request(8, max_tokens=60, request_id=f"b{i}"), BRONZE)
+              for i in range(num_bronze)]  # fmt: skip
+    for request in [gold, *bronze]:
+        s.add_request(request)
+    return s, gold, bronze
+
+
+def test_gold_keeps_its_tbt_while_bronze_sits_out_within_its_own():
+    model = LinearCost()  # all 13 decoding together: 0.03 + 13 x 0.0065 = 0.115 s a step
+    s, gold, bronze = gold_and_bronze(True, model)
+    drive(s, model, 400)
+    assert gold.status is RequestStatus.FINISHED_LENGTH
+    assert max(gaps(gold)) <= GOLD.tbt_s
+    for request in bronze:
+        assert max(gaps(request)) <= BRONZE.tbt_s
+    assert max(max(gaps(r)) for r in bronze) > 2 * max(gaps(gold))  # bronze did sit out
+
+
+def test_without_shaping_the_same_batch_breaks_gold():
+    model = LinearCost()
+    s, gold, _ = gold_and_bronze(False, model)
+    drive(s, model, 400)
+    assert max(gaps(gold)) > GOLD.tbt_s  # what the shaped test protects against
+
+
+def test_a_due_request_is_never_left_out_even_past_the_limit():
+    model = LinearCost(seq_s=0.02)  # 5 gold decoding together already take 0.13 s
+    s = make_scheduler("rotasched", tbt_shaped_steps=True, num_device_blocks=400, max_num_batched_tokens=256,
+                       step_model=model, class_order=CLASSES)  # fmt: skip
+    golds = [classed(make_request(8, max_tokens=20, request_id=f"g{i}"), GOLD) for i in range(5)]
+    for g in golds:
+        s.add_request(g)
+    drive(s, model, 300)
+    for g in golds:
+        assert g.status is RequestStatus.FINISHED_LENGTH
+        assert len(g.output_token_times) == 20
+        assert max(gaps(g)) == pytest.approx(0.03 + 5 * 0.0205, rel=1e-6)  # in every step
+
+
+def test_a_long_prompt_is_chunked_to_fit_gold_steps():
+    model = LinearCost(token_s=0.001)
+    s = make_scheduler("rotasched", tbt_shaped_steps=True, num_device_blocks=400, max_num_batched_tokens=512,
+                       step_model=model, class_order=CLASSES)  # fmt: skip
+    gold = classed(make_request(8, max_tokens=200, request_id="gold"), GOLD)
+    s.add_request(gold)
+    drive(s, model, 5)  # gold is decoding
+    prompt = classed(make_request(400, max_tokens=4, request_id="bronze", arrival_time=0.0), BRONZE)
+    s.add_request(prompt)
+    drive(s, model, 300, now=gold.last_token_time)
+    assert mean(gaps(gold)) <= GOLD.tbt_s  # TPOT is judged on the mean
+    assert max(gaps(gold)) <= 2 * GOLD.tbt_s  # banked slack stretches a step, never more
+    assert prompt.status is RequestStatus.FINISHED_LENGTH
+    assert prompt.first_token_time <= BRONZE.ttft_s + gold.output_token_times[4]
+
+
+def test_a_prompt_whose_ttft_is_at_risk_gets_its_whole_prefill():
+    model = LinearCost(token_s=0.001)
+    s = make_scheduler("rotasched", tbt_shaped_steps=True, num_device_blocks=400, max_num_batched_tokens=512,
+                       step_model=model, class_order=CLASSES)  # fmt: skip
+    s.add_request(classed(make_request(8, max_tokens=200, request_id="gold"), GOLD))
+    now = drive(s, model, 5)
+    urgent = classed(make_request(300, max_tokens=2, request_id="urgent", arrival_time=now), GOLD)
+    s.add_request(urgent)
+    out = s.schedule(now)
+    counts = {q.request_id: q.num_query_tokens for q in out.sequences}
+    # chunks that fit a 90 ms step (~50 tokens) would take 6 steps: past its 500 ms TTFT
+    assert counts["urgent"] == 300 and counts["gold"] == 1
+
+
+def test_gold_displaces_bronze_by_rotation_when_the_batch_is_full():
+    s = make_scheduler("fcfs-recompute", num_device_blocks=400, max_num_seqs=3,
+                       max_num_batched_tokens=256, class_order=CLASSES)  # fmt: skip
+    bronze = [classed(make_request(8, max_tokens=50, request_id=f"b{i}"), BRONZE) for i in range(3)]
+    for request in bronze:
+        s.add_request(request)
+    drive(s, LinearCost(), 3)
+    gold = classed(make_request(8, max_tokens=5, request_id="gold", arrival_time=0.05), GOLD)
+    s.add_request(gold)
+    out = s.schedule(1.0)
+    assert "gold" in {q.request_id for q in out.sequences}
+    (victim_id,) = out.swapped_out_request_ids  # rotated out, not recomputed
+    assert s.requests[victim_id].status is RequestStatus.SWAPPED
+    assert not out.preempted_request_ids
+
+
+def test_queue_admits_by_class_first():
+    s = make_scheduler("fcfs-recompute", num_device_blocks=400, max_num_seqs=1,
+                       max_num_batched_tokens=256, class_order=CLASSES)  # fmt: skip
+    s.add_request(classed(make_request(8, request_id="bronze", arrival_time=0.0), BRONZE))
+    s.add_request(classed(make_request(8, request_id="gold", arrival_time=0.1), GOLD))
+    out = s.schedule(0.2)
+    assert [q.request_id for q in out.sequences] == ["gold"]
+
+
+def test_a_lower_class_prompt_at_risk_does_not_stretch_golds_steps():
+    model = LinearCost(token_s=0.001)
+    s = make_scheduler("rotasched", tbt_shaped_steps=True, num_device_blocks=400, max_num_batched_tokens=512,
+                       step_model=model, class_order=CLASSES)  # fmt: skip
+    s.add_request(classed(make_request(8, max_tokens=200, request_id="gold"), GOLD))
+    now = drive(s, model, 5)
+    late = SLOTargets(ttft_ms=100, tbt_ms=1000, slo_class="bronze")  # already at risk
+    s.add_request(
+        classed(make_request(300, max_tokens=2, request_id="late", arrival_time=now), late)
+    )
+    out = s.schedule(now)
+    counts = {q.request_id: q.num_query_tokens for q in out.sequences}
+    assert 16 <= counts["late"] < 300  # a chunk that fits gold's step, not the whole prompt
+
+
+def test_gold_passes_the_rotasched_host_guard_while_bronze_runs():
+    s = make_scheduler("rotasched", num_device_blocks=12, num_host_blocks=10, block_size=4,
+                       max_num_seqs=8, max_num_batched_tokens=256, class_order=CLASSES)  # fmt: skip
+    bronze = [
+        classed(make_request(12, max_tokens=60, request_id=f"b{i}"), BRONZE) for i in range(5)
+    ]
+    for request in bronze:
+        s.add_request(request)
+    now = drive(s, LinearCost(), 30)
+    assert s.kv.host.usage > 0.9 and any(r in s.running for r in bronze)  # the guard is on
+    gold = classed(make_request(8, max_tokens=3, request_id="gold", arrival_time=now), GOLD)
+    s.add_request(gold)
+    drive(s, LinearCost(), 50, now=now)
+    assert gold.first_token_time is not None

@@ -1,0 +1,91 @@
+"""The shared first-token estimate over hand-built loads: prefill-bound, memory-bound,
+deadline and class ordered; and the online correction converging on a biased clock."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from superinfer.slo.estimate import (
+    UNKNOWN_MEMORY_WAIT_S,
+    Correction,
+    EngineLoad,
+    Estimator,
+    Queued,
+)
+
+ESTIMATOR = Estimator(("gold", "silver", "bronze"))
+
+
+def base(**kwargs) -> EngineLoad:
+    defaults = {"step_time_s": 0.05, "prefill_s_per_token": 0.001, "num_batched_tokens": 512,
+                    "block_size": 16}  # fmt: skip
+    return EngineLoad(**{**defaults, **kwargs})
+
+
+def test_prefill_bound():
+    load = base(queued=(Queued(1.0, 400), Queued(2.0, 300)))
+    estimate = ESTIMATOR.first_token(load, 100, None, deadline=5.0)
+    assert estimate.compute_s == pytest.approx(0.8 + 2 * 0.05)
+    assert estimate.memory_s == 0.0
+
+
+def test_deadline_ordered_queue_counts_only_what_is_due_first():
+    load = base(queued=(Queued(1.0, 400), Queued(9.0, 300)), is_queue_by_deadline=True)
+    assert ESTIMATOR.first_token(load, 100, None, deadline=5.0).compute_s == pytest.approx(0.55)
+    fifo = base(queued=load.queued)  # a FIFO policy serves all of them first
+    assert ESTIMATOR.first_token(fifo, 100, None, deadline=5.0).compute_s == pytest.approx(0.9)
+
+
+def test_class_order_puts_lower_classes_behind():
+    queued = (Queued(0.0, 500, "bronze"), Queued(0.0, 200, "gold"))
+    load = base(queued=queued)
+    gold = ESTIMATOR.first_token(load, 100, "gold", deadline=5.0)
+    bronze = ESTIMATOR.first_token(load, 100, "bronze", deadline=5.0)
+    assert gold.compute_s == pytest.approx(0.3 + 0.05)
+    assert bronze.compute_s == pytest.approx(0.8 + 2 * 0.05)
+
+
+def test_memory_bound_waits_for_blocks_to_be_released():
+    # 10 free blocks; the queue ahead and this one need 7 + 7 blocks of 16 tokens
+    load = base(queued=(Queued(0.0, 100),), num_free_device_blocks=10, release_blocks_per_s=8.0)
+    estimate = ESTIMATOR.first_token(load, 100, None, deadline=5.0)
+    assert estimate.memory_s == pytest.approx(4 / 8.0)
+    unknown = base(queued=load.queued, num_free_device_blocks=10)
+    assert ESTIMATOR.first_token(unknown, 100, None, 5.0).memory_s == UNKNOWN_MEMORY_WAIT_S
+
+
+def test_rotation_room_counts_lower_classes_and_under_rotation_the_same_class():
+    common = {"num_free_device_blocks": 2, "num_free_host_blocks": 100,
+                  "running_blocks_by_class": {"bronze": 30, "gold": 30}}  # fmt: skip
+    recompute = base(**common)
+    assert ESTIMATOR.first_token(recompute, 100, "gold", 5.0).memory_s == 0.0  # bronze rotates
+    assert ESTIMATOR.first_token(recompute, 100, "bronze", 5.0).memory_s > 0
+    rotating = base(is_preempt_by_swap=True, **common)
+    assert ESTIMATOR.first_token(rotating, 100, "bronze", 5.0).memory_s == 0.0
+    no_host = base(**{**common, "num_free_host_blocks": 0})
+    assert ESTIMATOR.first_token(no_host, 100, "gold", 5.0).memory_s > 0
+
+
+def test_correction_converges_to_a_high_quantile_of_a_biased_clock():
+    rng = random.Random(0)
+    correction = Correction(quantile=0.9, window=400, min_samples=20)
+    assert correction.corrected_s("gold", 0.3) == 0.3  # nothing learned yet
+    for _ in range(400):  # the engine is 1.4x slower than estimated, with +-10% noise
+        estimate = rng.uniform(0.2, 1.0)
+        correction.observe("gold", estimate, estimate * 1.4 * rng.uniform(0.9, 1.1))
+    assert correction.factor("gold") == pytest.approx(1.4 * 1.08, rel=0.03)
+    assert correction.corrected_s("gold", 0.5) == pytest.approx(0.5 * 1.4 * 1.08, rel=0.03)
+    # a class without samples of its own borrows the pooled factor until it has them
+    assert correction.factor("bronze") == correction.factor("gold")
+    for _ in range(20):
+        correction.observe("bronze", 1.0, 0.6)
+    assert correction.factor("bronze") == pytest.approx(0.6)
+
+
+def test_tiny_estimates_are_compared_at_the_floor():
+    correction = Correction(min_samples=1, floor_s=0.1)
+    for _ in range(5):
+        correction.observe(None, 0.001, 0.05)  # an idle engine: 1 ms estimated, 50 ms real
+    assert correction.factor(None) == pytest.approx(0.5)  # not 50x
