@@ -19,8 +19,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-docs/results/slo_promise}
 DURATION=${DURATION:-60}
-CLASS_RATES=${CLASS_RATES:-4,6}  # 2x and 3x the knee
-UNIFORM_RATES=${UNIFORM_RATES:-2,4}  # 1x and 2x; empty: skip (a)
+CLASS_RATES=${CLASS_RATES-4,6}  # 2x and 3x the knee
+UNIFORM_RATES=${UNIFORM_RATES-2,4}  # 1x and 2x; empty: skip (a)
 export HF_HUB_OFFLINE=1
 .venv/bin/python benchmarks/vs_vllm/run.py --no-probe --systems rotasched,vllm \
     --slo-classes gold=0.2,silver=0.3,bronze=0.5 --refusal-replay --variant rotasched-shaped=--tbt-shaped-steps --rates "$CLASS_RATES" \
