@@ -221,11 +221,7 @@ class Scheduler:
         running decodes, but never below one lone decode (a late request gets the
         shortest step there is, not none). None: no shaping."""
         model = self.step_model
-        if (
-            not self.config.tbt_shaped_steps
-            or model is None
-            or not getattr(model, "is_ready", True)
-        ):
+        if not self.config.tbt_shaped_steps or model is None or not model.is_ready:
             return None
         deadlines = [self._token_deadline(r) for r in self.running if r.last_token_time is not None]
         if not deadlines:

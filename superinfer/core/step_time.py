@@ -79,6 +79,11 @@ class StepTimePredictor(ABC):
     def forward_time(self, batch: BatchShape) -> float:
         """Seconds of the forward pass and sampling of `batch`."""
 
+    @property
+    def is_ready(self) -> bool:
+        """Whether its answers are worth shaping steps by (a model still learning is not)."""
+        return True
+
     def host_time(self, batch: BatchShape) -> float:
         """Seconds the engine's host side spends per step outside the forward (scheduling,
         output processing). With the step pipeline it overlaps the previous forward."""

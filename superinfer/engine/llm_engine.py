@@ -54,7 +54,6 @@ logger = logging.getLogger(__name__)
 PromptType = str | Mapping[str, Any]  # text, or {"prompt_token_ids": [...]}
 
 
-
 @dataclass
 class _Tracked:
     request: Request
@@ -202,7 +201,8 @@ class LLMEngine:
             self.model_config.head_dim, dtype, self.device,
         )  # fmt: skip
         self.transfer = create_transfer_engine(self.kv_tiers, config.cache.transfer_mode)
-        # fitted to this engine's own steps (the warm-up's grid, then every step served)
+        # fitted to this engine's own steps (the warm-up's grid, then every step served),
+        # only when steps are shaped: nothing else reads it
         self.step_model = OnlineStepModel()
         self.scheduler = build_scheduler(
             config.scheduler, config.cache, num_device_blocks, num_host_blocks, self.step_model
@@ -259,7 +259,8 @@ class LLMEngine:
         if self.device.type != "cuda":
             logger.warning(
                 "--gpu-memory-utilization sizes the KV pool from GPU memory and has no effect "
-                "on a CPU: the device pool is --device-kv-gib (%.3g GiB)", cache.device_kv_gib
+                "on a CPU: the device pool is --device-kv-gib (%.3g GiB)",
+                cache.device_kv_gib,
             )
             return cache.device_kv_gib * 2**30
         return gpu_kv_budget(self.device, cache.gpu_memory_utilization, self._activation_bytes())
@@ -366,7 +367,7 @@ class LLMEngine:
     def _observe(self, wall_s: float, num_outputs: int) -> None:
         self._num_steps += 1
         record = self._timed.record(self._num_steps, wall_s, num_outputs)
-        if record.forward is not None:
+        if record.forward is not None and self.config.scheduler.tbt_shaped_steps:
             self.step_model.observe(BatchShape.of(record.forward.batch), wall_s)
         for observer in tuple(self._step_observers):
             observer(record)

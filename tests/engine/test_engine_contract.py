@@ -124,6 +124,11 @@ def test_close_with_a_step_in_flight():
 
 
 def test_the_step_model_learns_from_every_step_and_shapes_once_anchored(engine):
+    engine = LLMEngine(EngineConfig.from_flat(
+        dtype="float32", device="cpu", policy="rotasched", pipeline=engine.is_pipelined,
+        block_size=8, max_model_len=128, num_device_blocks=64, num_host_blocks=64,
+        tbt_shaped_steps=True,
+    ))  # fmt: skip
     assert not engine.step_model.is_ready  # no warm-up: steps are not shaped
     for i in range(4):
         engine.add_request({"prompt_token_ids": list(range(200 + i, 220 + i))}, greedy(12), f"m{i}")
@@ -135,3 +140,4 @@ def test_the_step_model_learns_from_every_step_and_shapes_once_anchored(engine):
     one, four = (engine.step_model.forward_time(BatchShape.of_lists([1] * n, [20] * n))
                  for n in (1, 4))  # fmt: skip
     assert 0 < one <= four
+    engine.close()
