@@ -31,6 +31,7 @@ class ReplicaCall:
 class Verdict:
     replica_id: str
     refusal: Refusal | None = None  # None: admitted
+    estimated_ttft_ms: float | None = None  # the admitted request's, from arrival
 
     @property
     def is_admitted(self) -> bool:

@@ -18,7 +18,7 @@ from typing import Any
 from ray import serve
 
 from superinfer.cluster.calls import ReplicaCall, Verdict
-from superinfer.cluster.router import Refusal, ReplicaLoad
+from superinfer.cluster.router import Refusal, ReplicaLoad, learned_factors, on_wall_clock
 from superinfer.config import EngineConfig
 from superinfer.server.arrival import Arrival
 from superinfer.server.config import ServerConfig
@@ -59,10 +59,11 @@ class EngineReplica:
             # every sequence of n / best_of is admitted here, sharing the prompt's KV
             choices = admit_choices(self.state.host, prepared, arrival, call.expected_tokens)
         except APIError as error:
-            refusal = Refusal(error.status, error.message, error.code, error.headers)
+            refusal = Refusal(error.status, error.message, error.code, error.headers,
+                              error.reason, error.estimated_ttft_ms)  # fmt: skip
             yield Verdict(self.replica_id, refusal)
             return
-        yield Verdict(self.replica_id)
+        yield Verdict(self.replica_id, estimated_ttft_ms=choices[0].inflight.estimated_ttft_ms)
         try:
             if prepared.stream:
                 async for event in stream_choices(self.state, choices, prepared, call.is_chat):
@@ -77,16 +78,18 @@ class EngineReplica:
         return self.load().to_stats()
 
     def load(self) -> ReplicaLoad:
+        """What this replica's admission estimates from (the router estimates with it)."""
         host = self.state.host
         snapshot = host.snapshot
         if snapshot is None:
             return ReplicaLoad(self.replica_id, reported_at=time.time())
-        load = host.load()
+        admission, wall = host.admission, time.time()
         return ReplicaLoad(
-            self.replica_id, snapshot.num_running, snapshot.num_swapped, load.num_queued,
-            load.num_queued_tokens, snapshot.device_kv_usage, snapshot.host_kv_usage,
-            load.step_time_s, load.prefill_s_per_token, host.config.max_num_queued_reqs,
-            host.config.max_num_queued_tokens, time.time(),
+            self.replica_id, on_wall_clock(host.load(), time.monotonic(), wall),
+            admission.class_order, learned_factors(admission.correction, admission.class_order),
+            admission.correction.floor_s, snapshot.num_running, snapshot.num_swapped,
+            snapshot.device_kv_usage, snapshot.host_kv_usage, host.config.max_num_queued_reqs,
+            host.config.max_num_queued_tokens, wall,
         )  # fmt: skip
 
     def preparer_parts(self) -> tuple[Any, int, int]:

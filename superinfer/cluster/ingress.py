@@ -5,7 +5,8 @@ auth, body and SLO checks, error bodies, arrival stamp) with a generation handle
 runs each request on a replica instead of a local engine:
 
 1. prepare the request here (tokenize, bind the SLO): bad input is a 400 at ingress;
-2. send it to the replica the router ranks best by predicted slack; the replica's own
+2. send it to the replica the router ranks best by slack on the replicas' own estimates
+   (their TTFT estimates, `router.py`); the replica's own
    admission decides; a refusal (425/429) moves it to the next replica, and only when every
    replica refused does the client get one answer (`router.merge_rejections`);
 3. pass the replica's SSE events or body through; a client that leaves cancels the call,
@@ -37,7 +38,7 @@ from superinfer.config import EngineConfig
 from superinfer.server.app import build_app, prepare_request
 from superinfer.server.arrival import Arrival, IngressStamp, arrival_of
 from superinfer.server.config import ServerConfig
-from superinfer.server.errors import APIError, error_body
+from superinfer.server.errors import APIError, error_body, estimate_headers
 from superinfer.server.front import DEAD, LOADING, READY, STOPPED, Front, Rejection
 from superinfer.server.generation import SSEResponse
 from superinfer.server.prepare import PreparedRequest, RequestPreparer
@@ -103,7 +104,7 @@ class RemoteReplicas:
             if not live or live <= exclude:
                 break
             elapsed_s = time.monotonic() - arrival.monotonic
-            demand = demand_of(prepared, expected_tokens, elapsed_s)
+            demand = demand_of(prepared, expected_tokens, elapsed_s, arrival.wall)
             call = ReplicaCall(prepared, arrival.wall, elapsed_s, expected_tokens, is_chat,
                                demand, frozenset(exclude))  # fmt: skip
             responses = self._generate.remote(call)
@@ -120,9 +121,10 @@ class RemoteReplicas:
             exclude.add(verdict.replica_id)
         if not refusals:
             raise APIError(503, "no replica is available", "not_ready",
-                           headers={"Retry-After": "1"})  # fmt: skip
+                           headers={"Retry-After": "1"}, reason="without_replicas")  # fmt: skip
         merged = merge_rejections(refusals)
-        raise APIError(merged.status, merged.message, merged.code, headers=dict(merged.headers))
+        raise APIError(merged.status, merged.message, merged.code, headers=dict(merged.headers),
+                       reason=merged.reason, estimated_ttft_ms=merged.estimated_ttft_ms)  # fmt: skip
 
     def on_replica_failed(
         self, prepared: PreparedRequest, arrival: Arrival, replica_id: str, error: BaseException
@@ -190,8 +192,11 @@ class IngressState:
         return None  # no engine here: tests read the replicas' reports through Ray
 
 
-def demand_of(prepared: PreparedRequest, expected_tokens: int, elapsed_s: float) -> Demand:
-    """The request's needs and targets, as time left from now."""
+def demand_of(
+    prepared: PreparedRequest, expected_tokens: int, elapsed_s: float, arrival_wall: float
+) -> Demand:
+    """The request's needs and targets, as time left from now (its TTFT deadline, for a
+    queue ordered by deadline, in Unix time)."""
     targets, floor = prepared.slo.targets, 1e-3
     deadline = targets.max_latency_ms
     return Demand(
@@ -200,6 +205,8 @@ def demand_of(prepared: PreparedRequest, expected_tokens: int, elapsed_s: float)
         ttft_s=max(floor, targets.ttft_s - elapsed_s),
         tbt_s=targets.tbt_s,
         deadline_s=None if deadline is None else max(floor, deadline / 1000 - elapsed_s),
+        slo_class=targets.slo_class,
+        ttft_deadline=arrival_wall + targets.ttft_s,
     )
 
 
@@ -216,9 +223,10 @@ async def generate_on_replicas(state: IngressState, request: Request, body_type:
         front.reject(error, rejection)
         return error.response()
     failed = _FailureReport(replicas, prepared, arrival, verdict.replica_id)
+    headers = estimate_headers(verdict.estimated_ttft_ms)
     if prepared.stream:
-        return SSEResponse(_relay_events(responses, failed), responses.cancel)
-    return await _relay_body(responses, failed, request)
+        return SSEResponse(_relay_events(responses, failed), responses.cancel, headers)
+    return await _relay_body(responses, failed, request, headers)
 
 
 @dataclasses.dataclass
@@ -245,7 +253,10 @@ async def _relay_events(
 
 
 async def _relay_body(
-    responses: DeploymentResponseGenerator, failed: _FailureReport, request: Request
+    responses: DeploymentResponseGenerator,
+    failed: _FailureReport,
+    request: Request,
+    headers: dict[str, str],
 ) -> JSONResponse:
     watcher = asyncio.create_task(_cancel_on_disconnect(responses, request))
     try:
@@ -254,7 +265,7 @@ async def _relay_body(
         return JSONResponse(failed(error), status_code=502)
     finally:
         watcher.cancel()
-    return JSONResponse(body, status_code=status)
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 async def _cancel_on_disconnect(responses: DeploymentResponseGenerator, request: Request) -> None:

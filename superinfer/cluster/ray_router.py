@@ -2,9 +2,11 @@
 probes and retries; this class only orders the replicas, by `router.rank_replicas`.
 
 Loads come from each replica's `record_routing_stats` (polled by Ray Serve every
-`request_routing_stats_period_s`); requests this router chose a replica for after its
-last report, and that have not completed, are added to it, so a burst between two
-reports spreads out (a request counts from its choice, before Ray Serve has sent it).
+`request_routing_stats_period_s`): what its own admission estimates from, so the ranking is
+by the replicas' own TTFT estimates. Requests this router chose a replica for after its
+last report, and that have not completed, join that replica's queue in the estimate, so a
+burst between two reports spreads out (a request counts from its choice, before Ray Serve
+has sent it).
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, R
 
 from superinfer.cluster import registry
 from superinfer.cluster.calls import ReplicaCall
-from superinfer.cluster.router import ReplicaLoad, Unreported, rank_replicas
+from superinfer.cluster.router import ReplicaLoad, rank_replicas
+from superinfer.slo.estimate import Queued
 
 _MAX_OPEN, _OPEN_TTL_S = 10_000, 600.0
 
@@ -24,12 +27,12 @@ _MAX_OPEN, _OPEN_TTL_S = 10_000, 600.0
 @dataclass(frozen=True)
 class _Chosen:
     replica_id: str
-    num_prompt_tokens: int
+    queued: Queued  # the request as it waits there (deadline on the Unix clock)
     chosen_at: float  # Unix time
 
 
 class SlackRequestRouter(RequestRouter):
-    """Ranks replicas by predicted slack of the pending request (see `router.py`)."""
+    """Ranks replicas by the pending request's slack on their own estimates (`router.py`)."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
@@ -49,18 +52,17 @@ class SlackRequestRouter(RequestRouter):
         order = rank_replicas(loads, call.demand, self._unreported(loads))
         if order:  # counted against its replica until it completes (or a report covers it)
             request_id = pending_request.metadata.internal_request_id
-            self._open[request_id] = _Chosen(order[0], call.demand.num_prompt_tokens, time.time())
+            self._open[request_id] = _Chosen(order[0], call.demand.as_queued(), time.time())
         return [[by_id[replica_id]] for replica_id in order]
 
-    def _unreported(self, loads: list[ReplicaLoad]) -> dict[str, Unreported]:
+    def _unreported(self, loads: list[ReplicaLoad]) -> dict[str, list[Queued]]:
         """Open requests chosen for each replica after its last report."""
         reported_at = {load.replica_id: load.reported_at for load in loads}
-        counts: dict[str, tuple[int, int]] = {}
+        sent: dict[str, list[Queued]] = {}
         for chosen in self._open.values():
             if chosen.chosen_at > reported_at.get(chosen.replica_id, float("inf")):
-                num, tokens = counts.get(chosen.replica_id, (0, 0))
-                counts[chosen.replica_id] = (num + 1, tokens + chosen.num_prompt_tokens)
-        return {replica_id: Unreported(*count) for replica_id, count in counts.items()}
+                sent.setdefault(chosen.replica_id, []).append(chosen.queued)
+        return sent
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
         super().on_request_completed(replica_id, internal_request_id)

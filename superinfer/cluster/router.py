@@ -1,4 +1,5 @@
-"""SLO-aware replica choice: rank replicas by the predicted slack of this request.
+"""SLO-aware replica choice: rank replicas by this request's slack on each replica's own
+estimate.
 
 Pure functions over plain dataclasses (no Ray, no clock): the Ray Serve request router
 (`ray_router.py`) feeds them each replica's last reported load plus what it routed since,
@@ -6,61 +7,108 @@ and tries replicas in the order they return. Admission stays with the replicas: 
 ingress moves to the next replica when one refuses, and rejects only when all refused
 (`merge_rejections`).
 
-Prediction, per replica (the server's own admission estimate, `Admission.estimate_s`):
-- TTFT: prompt tokens queued ahead plus this prompt, at the measured prefill cost per
-  token, plus one step;
-- time between tokens: the current step time, scaled by the batch it will share: the
-  running requests, those rotated out to the host tier (they take turns on the device),
-  those queued or routed since the last report, and this one, over the running ones
-  (linear in the batch: right for a CPU, pessimistic for a GPU's small batches, where it
-  still spreads load);
-- end to end: TTFT plus (max_tokens - 1) steps.
-Slack is the smallest of (target - predicted) / target over the targets the request has,
+Each replica reports what its own admission estimates from (`ReplicaLoad`: its engine load,
+class order and the TTFT correction it learned), so the router's figures are the replica's:
+- TTFT: `slo/estimate.py`'s estimate of this request's first token on that load, the
+  requests routed to the replica since its report queued with it, times the replica's
+  learned correction: what the replica's admission will expect (`Admission.check`);
+- end to end: that TTFT, then a step per further token (admission's `finish_s`);
+- time between tokens (the replicas estimate none): the current step time, scaled by the
+  batch it will share: the running requests, those rotated out to the host tier, those
+  queued or routed since the last report, and this one, over the running ones.
+Slack is the smallest of (target - estimate) / target over the targets the request has,
 so a replica is better when its worst-threatened target has more room.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
+
+from superinfer.slo.estimate import Correction, EngineLoad, Estimator, Queued
 
 QUEUE_FULL, SLO_INFEASIBLE = "queue_full", "slo_infeasible"
 
 
 @dataclass(frozen=True)
 class ReplicaLoad:
-    """What a replica reports about itself (cheap: read from the engine's snapshot)."""
+    """What a replica reports about itself (cheap: read from the engine's snapshot).
+
+    `engine` is what the replica's admission estimates from, with its queue's deadlines on
+    the Unix clock (`on_wall_clock`); `ttft_factors` the correction it learned, by class
+    (`learned_factors`; empty until it learned one)."""
 
     replica_id: str
+    engine: EngineLoad = field(default_factory=EngineLoad)
+    class_order: tuple[str, ...] = ()
+    ttft_factors: Mapping[str | None, float] = field(default_factory=dict)
+    ttft_floor_s: float = 0.0
     num_running: int = 0
     num_swapped: int = 0
-    num_queued: int = 0
-    num_queued_tokens: int = 0
     device_kv_usage: float = 0.0
     host_kv_usage: float = 0.0
-    step_time_s: float = 0.0
-    prefill_s_per_token: float = 0.0
     max_num_queued_reqs: int = 1 << 30
     max_num_queued_tokens: int = 1 << 62
     reported_at: float = 0.0  # Unix time of the report
 
+    @property
+    def estimator(self) -> Estimator:
+        return Estimator(self.class_order)
+
+    def expected_ttft_s(self, raw_s: float, slo_class: str | None) -> float:
+        """A raw estimate as the replica's learned correction expects it
+        (`Correction.corrected_s` on the replica)."""
+        factor = self.ttft_factors.get(slo_class)
+        return raw_s if factor is None else factor * max(raw_s, self.ttft_floor_s)
+
     def to_stats(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """Plain data (Ray Serve's controller passes it on without importing superinfer)."""
+        stats = {f.name: getattr(self, f.name) for f in fields(self)}
+        del stats["replica_id"]
+        stats["engine"] = _plain_load(self.engine)
+        stats["ttft_factors"] = dict(self.ttft_factors)
+        return stats
 
     @classmethod
     def from_stats(cls, replica_id: str, stats: Mapping[str, Any]) -> ReplicaLoad:
         """The load in a routing-stats dict (an idle replica when it has not reported)."""
         known = {f.name for f in fields(cls)} - {"replica_id"}
-        return cls(replica_id, **{key: value for key, value in stats.items() if key in known})
+        values = {key: value for key, value in stats.items() if key in known}
+        if "engine" in values:
+            values["engine"] = _load_of(values["engine"])
+        return cls(replica_id, **values)
 
 
-@dataclass(frozen=True)
-class Unreported:
-    """Requests routed to a replica after its last report and not finished yet."""
+def on_wall_clock(load: EngineLoad, monotonic_now: float, wall_now: float) -> EngineLoad:
+    """`load` with its queue's deadlines moved from the engine's clock to Unix time, the
+    clock the router compares a request's deadline on."""
+    shift = wall_now - monotonic_now
+    queued = tuple(dataclasses.replace(q, deadline=q.deadline + shift) for q in load.queued)
+    return dataclasses.replace(load, queued=queued)
 
-    num_requests: int = 0
-    num_prompt_tokens: int = 0
+
+def learned_factors(correction: Correction, class_order: Sequence[str]) -> dict[str | None, float]:
+    """The factor `correction` scales each class's raw estimate by; empty while it has not
+    learned one (it returns raw estimates then)."""
+    if not correction.to_dict():
+        return {}
+    return {name: correction.factor(name) for name in (*class_order, None)}
+
+
+def _plain_load(load: EngineLoad) -> dict[str, Any]:
+    plain = {f.name: getattr(load, f.name) for f in fields(load)}
+    plain["queued"] = [dataclasses.astuple(q) for q in load.queued]
+    return {k: dict(v) if isinstance(v, Mapping) else v for k, v in plain.items()}
+
+
+def _load_of(plain: Mapping[str, Any]) -> EngineLoad:
+    known = {f.name for f in fields(EngineLoad)}
+    values = {key: value for key, value in plain.items() if key in known}
+    values["queued"] = tuple(Queued(*item) for item in values.get("queued", ()))
+    return EngineLoad(**values)
 
 
 @dataclass(frozen=True)
@@ -72,6 +120,12 @@ class Demand:
     ttft_s: float | None = None  # TTFT target left
     tbt_s: float | None = None
     deadline_s: float | None = None  # end-to-end budget left
+    slo_class: str | None = None
+    ttft_deadline: float = math.inf  # Unix time: its place in a queue ordered by deadline
+
+    def as_queued(self) -> Queued:
+        """This request, waiting in a replica's queue (deadline on the Unix clock)."""
+        return Queued(self.ttft_deadline, self.num_prompt_tokens, self.slo_class)
 
 
 @dataclass(frozen=True)
@@ -81,14 +135,24 @@ class Prediction:
     e2e_s: float
 
 
-def predict(load: ReplicaLoad, demand: Demand, unreported: Unreported = Unreported()) -> Prediction:
-    """Predicted TTFT, time between tokens and end-to-end time on this replica."""
-    queued_tokens = load.num_queued_tokens + unreported.num_prompt_tokens
-    ttft = (queued_tokens + demand.num_prompt_tokens) * load.prefill_s_per_token
-    ttft += load.step_time_s
-    batch = load.num_running + load.num_swapped + load.num_queued + unreported.num_requests + 1
-    tbt = load.step_time_s * batch / max(1, load.num_running)
-    return Prediction(ttft, tbt, ttft + max(0, demand.max_tokens - 1) * tbt)
+def _with(load: ReplicaLoad, unreported: Sequence[Queued]) -> EngineLoad:
+    """The replica's engine load with the requests routed to it since its report queued."""
+    if not unreported:
+        return load.engine
+    return dataclasses.replace(load.engine, queued=load.engine.queued + tuple(unreported))
+
+
+def predict(load: ReplicaLoad, demand: Demand, unreported: Sequence[Queued] = ()) -> Prediction:
+    """The replica's estimates of this request's TTFT and end-to-end time, and the time
+    between tokens of the batch it joins (module docstring)."""
+    engine, estimator = _with(load, unreported), load.estimator
+    first = estimator.first_token(
+        engine, demand.num_prompt_tokens, demand.slo_class, demand.ttft_deadline
+    )
+    ttft = load.expected_ttft_s(first.raw_s, demand.slo_class)
+    batch = load.num_running + load.num_swapped + engine.num_queued + 1
+    tbt = engine.step_time_s * batch / max(1, load.num_running)
+    return Prediction(ttft, tbt, estimator.finish_s(engine, ttft, demand.max_tokens))
 
 
 def slack(prediction: Prediction, demand: Demand) -> float:
@@ -99,10 +163,11 @@ def slack(prediction: Prediction, demand: Demand) -> float:
     return min(relative) if relative else -prediction.e2e_s
 
 
-def is_queue_full(load: ReplicaLoad, demand: Demand, unreported: Unreported = Unreported()) -> bool:
-    """Whether the replica's admission would answer 429 (same rule as `Admission`)."""
-    num_queued = load.num_queued + unreported.num_requests
-    queued_tokens = load.num_queued_tokens + unreported.num_prompt_tokens
+def is_queue_full(load: ReplicaLoad, demand: Demand, unreported: Sequence[Queued] = ()) -> bool:
+    """Whether the replica's admission would answer 429 (same rule as `Admission`: the
+    queue of this request's class and those above it)."""
+    ahead = load.estimator.queue_ahead(_with(load, unreported), demand.slo_class, math.inf)
+    num_queued, queued_tokens = len(ahead), sum(q.num_tokens for q in ahead)
     is_full = num_queued + 1 > load.max_num_queued_reqs
     if num_queued:
         is_full |= queued_tokens + demand.num_prompt_tokens > load.max_num_queued_tokens
@@ -112,16 +177,16 @@ def is_queue_full(load: ReplicaLoad, demand: Demand, unreported: Unreported = Un
 def rank_replicas(
     loads: Sequence[ReplicaLoad],
     demand: Demand,
-    unreported: Mapping[str, Unreported] | None = None,
+    unreported: Mapping[str, Sequence[Queued]] | None = None,
 ) -> list[str]:
     """Replica ids, best first: those with room in their queue before full ones, then
-    more predicted slack first; ties by the shorter queue, then by id (deterministic)."""
+    more slack on their estimates first; ties by the shorter queue, then by id."""
     unreported = unreported or {}
 
     def key(load: ReplicaLoad) -> tuple[bool, float, int, str]:
-        extra = unreported.get(load.replica_id, Unreported())
+        extra = unreported.get(load.replica_id, ())
         value = slack(predict(load, demand, extra), demand)
-        queued = load.num_queued + extra.num_requests
+        queued = load.engine.num_queued + len(extra)
         return is_queue_full(load, demand, extra), -value, queued, load.replica_id
 
     return [load.replica_id for load in sorted(loads, key=key)]
@@ -135,6 +200,8 @@ class Refusal:
     message: str
     code: str
     headers: Mapping[str, str]
+    reason: str | None = None  # `APIError.reason`
+    estimated_ttft_ms: float | None = None
 
 
 def merge_rejections(refusals: Sequence[Refusal]) -> Refusal:
@@ -147,4 +214,4 @@ def merge_rejections(refusals: Sequence[Refusal]) -> Refusal:
         return refusals[0]
     soonest = min(full, key=lambda r: int(r.headers.get("Retry-After", "60")))
     return Refusal(429, f"every replica's queue is full; {soonest.message}", QUEUE_FULL,
-                   dict(soonest.headers))  # fmt: skip
+                   dict(soonest.headers), soonest.reason, soonest.estimated_ttft_ms)  # fmt: skip

@@ -76,11 +76,15 @@ class Admission:
         the queue. `binding_ttft_ms`: the TTFT target the request is refused against."""
         estimate = self.estimate(load, demand)
         ttft_s = self.expected_ttft_s(demand, estimate)
-        if max_latency_ms is not None:
-            self._check_deadline(load, demand, ttft_s, max_latency_ms, is_reject_infeasible)
-        self._check_queue(load, demand)
-        if binding_ttft_ms is not None and is_reject_infeasible:
-            self._check_first_token(ttft_s, binding_ttft_ms, demand.elapsed_s)
+        try:
+            if max_latency_ms is not None:
+                self._check_deadline(load, demand, ttft_s, max_latency_ms, is_reject_infeasible)
+            self._check_queue(load, demand)
+            if binding_ttft_ms is not None and is_reject_infeasible:
+                self._check_first_token(ttft_s, binding_ttft_ms, demand.elapsed_s)
+        except APIError as error:  # the refusal reports the estimate (errors.py)
+            error.estimated_ttft_ms = estimated_ttft_ms(demand, ttft_s)
+            raise
         return estimate
 
     @staticmethod
@@ -91,8 +95,8 @@ class Admission:
                 425,
                 f"the TTFT target cannot be met: the first token is estimated in "
                 f"{ttft_s * 1000:.0f} ms, {max(0.0, budget_s) * 1000:.0f} ms are left",
-                "slo_infeasible",
-            )
+                "slo_infeasible", reason="ttft_infeasible",
+            )  # fmt: skip
 
     def _check_deadline(
         self,
@@ -105,16 +109,17 @@ class Admission:
         budget_s = max_latency_ms / 1000.0 - demand.elapsed_s
         if budget_s <= 0:
             raise APIError(
-                425, "the deadline passed before the request was admitted", "slo_infeasible"
-            )
+                425, "the deadline passed before the request was admitted", "slo_infeasible",
+                reason="deadline_passed",
+            )  # fmt: skip
         estimate_s = self.estimator.finish_s(load, ttft_s, demand.max_tokens)
         if is_reject_infeasible and estimate_s > budget_s:
             raise APIError(
                 425,
                 f"the deadline cannot be met: the estimate is {estimate_s * 1000:.0f} ms, "
                 f"{budget_s * 1000:.0f} ms are left",
-                "slo_infeasible",
-            )
+                "slo_infeasible", reason="deadline_infeasible",
+            )  # fmt: skip
 
     def _check_queue(self, load: Load, demand: Demand) -> None:
         """The queue of this request's class and those above it is full: lower classes
@@ -132,6 +137,12 @@ class Admission:
                 "queue_full",
                 headers={"Retry-After": str(retry_after_s(load))},
             )
+
+
+def estimated_ttft_ms(demand: Demand, expected_ttft_s: float) -> float:
+    """The first token as admission expects it, in ms from the request's arrival (what
+    responses and refusals report, comparable to the TTFT target)."""
+    return (demand.elapsed_s + expected_ttft_s) * 1000.0
 
 
 def retry_after_s(load: Load) -> int:

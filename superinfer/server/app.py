@@ -24,10 +24,12 @@ from superinfer.server.arrival import IngressStamp, arrival_of
 from superinfer.server.errors import APIError, bad_request, error_body
 from superinfer.server.front import Front, Rejection
 from superinfer.server.generation import (
+    Choice,
     SSEResponse,
     abort_all,
     admit_choices,
     collect_response,
+    response_headers,
     stream_choices,
 )
 from superinfer.server.prepare import PreparedRequest, error_for_validation
@@ -171,8 +173,14 @@ async def generate_here(state: ServerState, request: Request, body_type: type) -
         return error.response()
     if prepared.stream:
         events = stream_choices(state, choices, prepared, is_chat)
-        return SSEResponse(events, lambda: abort_all(state, choices, "client_disconnected"))
+        on_close = _aborter(state, choices)
+        return SSEResponse(events, on_close, response_headers(choices))
     return await collect_response(state, choices, prepared, is_chat, request)
+
+
+def _aborter(state: ServerState, choices: list[Choice]) -> Callable[[], None]:
+    """What a stream calls when it ends: abort what is still running (its client left)."""
+    return lambda: abort_all(state, choices, "client_disconnected")
 
 
 async def prepare_request(

@@ -19,7 +19,7 @@ from superinfer.engine.async_engine import AsyncEngine, RequestStream
 from superinfer.engine.native_memory import release_free_memory
 from superinfer.engine.snapshot import EngineSnapshot
 from superinfer.outputs import RequestOutput
-from superinfer.server.admission import Admission, Demand, Load
+from superinfer.server.admission import Admission, Demand, Load, estimated_ttft_ms
 from superinfer.server.arrival import Arrival
 from superinfer.server.config import ServerConfig
 from superinfer.server.debug import engine_report
@@ -47,6 +47,7 @@ class Inflight:
     abort_reason: str | None = None
     report: SLOReport | None = None  # set when it ends (before its stream reads the end)
     estimate: FirstTokenEstimate | None = None  # its first token, as estimated at admission
+    estimated_ttft_ms: float | None = None  # that estimate, corrected, ms from arrival
     admitted_at: float = 0.0  # engine clock
 
 
@@ -184,6 +185,9 @@ class EngineHost:
             self.load(), demand, slo.targets.max_latency_ms, slo.is_reject_infeasible, ttft_ms
         )
         inflight = Inflight(prepared, arrival, estimate=estimate, admitted_at=now)
+        inflight.estimated_ttft_ms = estimated_ttft_ms(
+            demand, self.admission.expected_ttft_s(demand, estimate)
+        )
         self.inflight[prepared.request_id] = inflight
         stream = self.engine.add_request(
             prepared.request_id, prepared.prompt_token_ids, prepared.params,

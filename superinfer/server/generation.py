@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from superinfer.engine.async_engine import RequestStream
 from superinfer.outputs import CompletionOutput, RequestOutput
 from superinfer.server.arrival import Arrival
-from superinfer.server.errors import APIError, error_body
+from superinfer.server.errors import APIError, error_body, estimate_headers
 from superinfer.server.logprobs import (
     TokenTexts,
     chat_logprobs,
@@ -91,10 +91,16 @@ class SSEResponse(StreamingResponse):
     """A stream of server-sent events that calls `on_close` however it ends (also when the
     client left before the first event, so the stream's generator never ran)."""
 
-    def __init__(self, events: AsyncIterator[bytes], on_close: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        events: AsyncIterator[bytes],
+        on_close: Callable[[], None],
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(
-            events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-        )
+            events, media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", **(headers or {})},
+        )  # fmt: skip
         self.on_close = on_close
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -102,6 +108,11 @@ class SSEResponse(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self.on_close()
+
+
+def response_headers(choices: list[Choice]) -> dict[str, str]:
+    """The estimated TTFT of an admitted request (its first sequence's, from admission)."""
+    return estimate_headers(choices[0].inflight.estimated_ttft_ms)
 
 
 def abort_all(state: ServerState, choices: list[Choice], reason: str) -> None:
@@ -331,7 +342,7 @@ async def collect_response(
         status, body = await collect_choices(state, choices, prepared, is_chat)
     finally:
         watcher.cancel()
-    return JSONResponse(body, status_code=status)
+    return JSONResponse(body, status_code=status, headers=response_headers(choices))
 
 
 async def collect_choices(

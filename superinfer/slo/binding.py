@@ -5,6 +5,10 @@ them; where a header and the body both give a target, the stricter (smaller) one
 `x-slo-deadline` (absolute, Unix epoch ms) is turned into a budget relative to the
 arrival stamp and competes with `x-slo-max-latency` / `max_latency_ms` the same way. When
 the header and the body name different classes, the header (set by a gateway) holds.
+The headers llm-d's router and the Gateway API inference extension send
+(`x-llm-d-slo-ttft-ms`, `x-llm-d-slo-tpot-ms`, and the older `x-slo-tpot-ms`; `x-slo-ttft-ms`
+is both superinfer's and their older name) are targets like superinfer's own: when several
+give one, the stricter holds.
 
 The one module of `superinfer.slo` that imports the server: it reads the server's parsed
 body (`SLOBody`) and arrival stamp, and its refusals are the server's HTTP answers
@@ -27,8 +31,8 @@ from superinfer.slo.wire import (
     HEADER_CLASS,
     HEADER_DEADLINE,
     HEADER_MAX_LATENCY,
-    HEADER_TBT,
-    HEADER_TTFT,
+    TBT_HEADERS,
+    TTFT_HEADERS,
 )
 
 
@@ -61,8 +65,12 @@ def bind_slo(
     body = body or SLOBody()
     slo_class = _resolve_class(headers.get(HEADER_CLASS), body.slo_class, config)
     base = slo_class.targets() if slo_class else config.default_targets
-    ttft = _stricter(_header_ms(headers, HEADER_TTFT), _body_ms(body.ttft_ms, "slo.ttft_ms"))
-    tbt = _stricter(_header_ms(headers, HEADER_TBT), _body_ms(body.tbt_ms, "slo.tbt_ms"))
+    ttft = _stricter(
+        *(_header_ms(headers, name) for name in TTFT_HEADERS), _body_ms(body.ttft_ms, "slo.ttft_ms")
+    )
+    tbt = _stricter(
+        *(_header_ms(headers, name) for name in TBT_HEADERS), _body_ms(body.tbt_ms, "slo.tbt_ms")
+    )
     max_latency = _stricter(
         _header_ms(headers, HEADER_MAX_LATENCY),
         _body_ms(body.max_latency_ms, "slo.max_latency_ms"),
@@ -134,6 +142,6 @@ def _deadline_budget_ms(headers: Mapping[str, str], arrival: Arrival) -> float |
     if budget_ms <= 0:
         raise APIError(
             425, f"the deadline passed {-budget_ms:.0f} ms before the request arrived",
-            "slo_infeasible", HEADER_DEADLINE,
+            "slo_infeasible", HEADER_DEADLINE, reason="deadline_passed",
         )  # fmt: skip
     return budget_ms

@@ -16,6 +16,17 @@ HEADER_MAX_LATENCY = "x-slo-max-latency"
 HEADER_DEADLINE = "x-slo-deadline"
 HEADER_CLASS = "x-slo-class"
 
+# What llm-d's router and the Gateway API inference extension send (docs/slo.md, "Gateway
+# headers"): llm-d/llm-d-router pkg/epp/metadata/consts.go, TTFTSLOHeaderKey and
+# TPOTSLOHeaderKey; the older names are its deprecated aliases (OldTTFTSLOHeaderKey is
+# superinfer's own HEADER_TTFT), the names the inference extension's EPP read until it moved
+# to llm-d. TPOT (time per output token) is judged against the TBT target.
+HEADER_GATEWAY_TTFT = "x-llm-d-slo-ttft-ms"
+HEADER_GATEWAY_TPOT = "x-llm-d-slo-tpot-ms"
+HEADER_GATEWAY_TPOT_OLD = "x-slo-tpot-ms"
+TTFT_HEADERS = (HEADER_TTFT, HEADER_GATEWAY_TTFT)
+TBT_HEADERS = (HEADER_TBT, HEADER_GATEWAY_TPOT, HEADER_GATEWAY_TPOT_OLD)
+
 
 def slo_headers(targets: SLOTargets) -> dict[str, str]:
     """The `x-slo-*` headers that carry `targets`."""

@@ -87,3 +87,36 @@ def test_admission_holds_a_request_to_a_ttft_it_gave_or_its_class_gave():
     assert bind(body={"ttft_ms": 400}).binding_ttft_ms == 400
     assert bind({"x-slo-class": "gold"}).binding_ttft_ms == 200
     assert bind({"x-slo-tbt-ms": "90"}).binding_ttft_ms is None
+
+
+def test_gateway_headers_are_targets_and_the_stricter_holds():
+    """llm-d's names and their older aliases (x-slo-tpot-ms), alone and with superinfer's."""
+    alone = bind({"x-llm-d-slo-ttft-ms": "450", "x-llm-d-slo-tpot-ms": "70"})
+    assert (alone.targets.ttft_ms, alone.targets.tbt_ms) == (450, 70)
+    assert alone.binding_ttft_ms == 450  # a gateway's TTFT target binds like a client's
+    assert bind({"x-slo-tpot-ms": "80"}).targets.tbt_ms == 80
+    gateway_stricter = bind(
+        {"x-llm-d-slo-ttft-ms": "300", "x-slo-ttft-ms": "900", "x-llm-d-slo-tpot-ms": "40"},
+        {"tbt_ms": 60},
+    ).targets
+    assert (gateway_stricter.ttft_ms, gateway_stricter.tbt_ms) == (300, 40)
+    own_stricter = bind(
+        {"x-llm-d-slo-ttft-ms": "900", "x-slo-ttft-ms": "250", "x-slo-tpot-ms": "95",
+         "x-slo-tbt-ms": "50"},
+    ).targets  # fmt: skip
+    assert (own_stricter.ttft_ms, own_stricter.tbt_ms) == (250, 50)
+    # a gateway's target still overrides the class's default, as an explicit target does
+    assert bind({"x-slo-class": "gold", "x-llm-d-slo-tpot-ms": "500"}).targets.tbt_ms == 500
+
+
+@pytest.mark.parametrize("name", ["x-llm-d-slo-ttft-ms", "x-llm-d-slo-tpot-ms", "x-slo-tpot-ms"])
+def test_bad_gateway_header_is_400_naming_it(name):
+    with pytest.raises(APIError) as info:
+        bind({name: "soon"})
+    assert (info.value.status, info.value.code, info.value.param) == (400, "invalid_slo", name)
+
+
+def test_a_past_deadline_says_so_in_its_reason():
+    with pytest.raises(APIError) as info:
+        bind({"x-slo-deadline": str(ARRIVAL.wall * 1000 - 1)})
+    assert info.value.reason == "deadline_passed"
