@@ -30,10 +30,12 @@ def test_non_stream_and_stream_through_the_router(cluster):
     body = whole.json()
     assert body["usage"]["completion_tokens"] == 6
     assert body["slo"]["ttft_met"] in (True, False) and body["slo"]["e2e_ms"] > 0
+    assert float(whole.headers["x-superinfer-estimated-ttft-ms"]) > 0  # the replica's estimate
 
     streamed = cluster.post("/v1/completions", {**PROMPT, "stream": True})
     assert streamed.status_code == 200
     assert streamed.headers["content-type"].startswith("text/event-stream")
+    assert float(streamed.headers["x-superinfer-estimated-ttft-ms"]) > 0
     events = _events(streamed)
     text = "".join(e["choices"][0]["text"] for e in events if e.get("choices"))
     assert text == body["choices"][0]["text"]  # greedy: the same answer either way
@@ -71,6 +73,11 @@ def test_infeasible_deadline_is_425_after_every_replica_refused(cluster):
                             headers={"x-slo-max-latency": "5"})  # fmt: skip
     assert response.status_code == 425, response.text
     assert response.json()["error"]["code"] == "slo_infeasible"
+    # why, from the replicas, for a gateway: the estimate and the reason survive the merge
+    reason = response.headers["x-superinfer-refusal-reason"]
+    assert reason in ("deadline_infeasible", "deadline_passed")
+    assert response.headers["x-llm-d-request-dropped-reason"] == "rejected-slo-infeasible"
+    assert response.json()["error"]["estimated_ttft_ms"] > 0
     (line,) = [x for x in cluster.log_lines() if x["status"] == 425]
     assert line["replica"] is None and line["reason"] == "slo_infeasible"
 
