@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
 import math
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -50,11 +51,14 @@ class BudgetExpired(Exception):
 
 @dataclass(frozen=True)
 class Budget:
-    """One deadline: `deadline` on `clock` (seconds) and the same instant in Unix ms."""
+    """One deadline: `deadline` on `clock` (seconds) and the same instant in Unix ms.
+    `send_deadline=False`: calls carry only the relative budget, as gRPC's `grpc-timeout`
+    (for a client whose wall clock runs behind the servers')."""
 
     deadline: float
     deadline_epoch_ms: float
     clock: Clock = field(default=time.monotonic, compare=False, repr=False)
+    send_deadline: bool = True
 
     # --- binding --------------------------------------------------------------------------
     @classmethod
@@ -139,13 +143,20 @@ class Budget:
     def _at(self, deadline: float) -> Budget:
         """The same clock and absolute time frame, another deadline (no wall clock read)."""
         epoch_ms = self.deadline_epoch_ms - (self.deadline - deadline) * 1000.0
-        return Budget(deadline, epoch_ms, self.clock)
+        return Budget(deadline, epoch_ms, self.clock, self.send_deadline)
 
     # --- propagation ----------------------------------------------------------------------
     def headers(self, now: float | None = None) -> dict[str, str]:
         """The `x-slo-*` headers of a call sent now (module docstring)."""
         left_ms = max(1, math.floor(self.remaining_ms(now)))  # expired: 1 ms, the server's 425
-        return {HEADER_MAX_LATENCY: str(left_ms), HEADER_DEADLINE: f"{self.deadline_epoch_ms:.0f}"}
+        headers = {HEADER_MAX_LATENCY: str(left_ms)}
+        if self.send_deadline:
+            headers[HEADER_DEADLINE] = f"{self.deadline_epoch_ms:.0f}"
+        return headers
+
+    def relative_only(self) -> Budget:
+        """This budget, its calls carrying only the milliseconds left (`send_deadline`)."""
+        return dataclasses.replace(self, send_deadline=False)
 
     @contextmanager
     def active(self) -> Iterator[Budget]:

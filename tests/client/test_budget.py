@@ -92,6 +92,14 @@ def test_clock_skew_does_not_matter():
     assert targets.max_latency_ms == 1000  # the relative budget held, not the skewed one
 
 
+def test_a_relative_only_budget_sends_no_absolute_deadline_nor_do_its_children():
+    budget, clock = bound(2000)
+    relative = budget.relative_only()
+    assert relative.headers() == {"x-slo-max-latency": "2000"}
+    clock.now += 1.0
+    assert relative.share(0.5).headers() == {"x-slo-max-latency": "500"}
+
+
 def test_from_headers_takes_the_stricter_as_the_server_does():
     clock = Clock()
     both = {"x-slo-max-latency": "800", "x-slo-deadline": str(WALL * 1000 + 500)}
