@@ -218,16 +218,24 @@ class Scheduler:
     # --- steps shaped by TBT promises --------------------------------------------------------
     def _step_limit(self, now: float) -> float | None:
         """The most this step may take: until the tightest next-token deadline among the
-        running decodes, but never below one lone decode (a late request gets the
-        shortest step there is, not none). None: no shaping."""
+        running decodes, but never less than a step of the decodes already overdue (late
+        requests are served, not starved by ever shorter steps). None: no shaping."""
         model = self.step_model
         if not self.config.tbt_shaped_steps or model is None or not model.is_ready:
             return None
-        deadlines = [self._token_deadline(r) for r in self.running if r.last_token_time is not None]
-        if not deadlines:
+        decodes = [r for r in self.running if r.last_token_time is not None]
+        if not decodes:
             return None
-        floor = step_seconds(model, BatchShape(1, 0, 1, 1, 0.0, 1, 0))
-        return max(min(deadlines) - now, floor)
+        deadlines = [self._token_deadline(r) for r in decodes]
+        overdue = [r for r, deadline in zip(decodes, deadlines) if deadline <= now]
+        return max(min(deadlines) - now, self._decode_step_s(overdue or decodes[:1]))
+
+    def _decode_step_s(self, requests: list[Request]) -> float:
+        """The predicted time of a step of one decode token for each of `requests`."""
+        assert self.step_model is not None
+        num = len(requests)
+        context = sum(r.num_computed_tokens + 1 for r in requests)
+        return step_seconds(self.step_model, BatchShape(num, 0, num, num, 0.0, context, 0))
 
     def _token_deadline(self, request: Request) -> float:
         """When `request`'s next token is due. TPOT is judged on the mean, so the deadline
@@ -241,6 +249,13 @@ class Scheduler:
         last = request.last_token_time
         on_mean = request.first_token_time + tbt_s * len(request.output_token_times)
         return min(max(on_mean, last + _MIN_GAP_TBTS * tbt_s), last + _MAX_GAP_TBTS * tbt_s)
+
+    def _shaped_order(self, request: Request, plan: _StepPlan, now: float) -> int:
+        """Due decodes take a shaped step first (the limit was set to fit them), then
+        prompt chunks, then decodes that may sit the step out."""
+        if not request.is_prefill_done:
+            return 1
+        return 0 if self._is_due(request, plan, now) else 2
 
     def _is_due(self, request: Request, plan: _StepPlan, now: float) -> bool:
         """Its next token cannot wait for the step after this one."""
@@ -315,8 +330,8 @@ class Scheduler:
 
     def _schedule_running(self, plan: _StepPlan, now: float) -> None:
         ordered = list(self.policy.order_running(self.running, now))
-        if plan.limit_s is not None:  # due first, the policy's order within (stable sort)
-            ordered.sort(key=lambda r: not self._is_due(r, plan, now))
+        if plan.limit_s is not None:  # due decodes, prefills, the rest; the policy's order within
+            ordered.sort(key=lambda r: self._shaped_order(r, plan, now))
         for request in ordered:
             if request.status is not RequestStatus.RUNNING or plan.token_budget <= 0:
                 continue

@@ -28,7 +28,7 @@ from superinfer.server.log_limit import RateLimitedLog
 from superinfer.server.prepare import PreparedRequest
 from superinfer.server.prometheus import ServerMetrics
 from superinfer.server.warmup import warm_up
-from superinfer.slo.estimate import FirstTokenEstimate
+from superinfer.slo.estimate import FirstTokenEstimate, TokenRate
 from superinfer.slo.metrics import ABORTED, FINISHED, RequestRecord, SLOReport, slo_report, tbt_gaps
 from superinfer.slo.record_log import SLOLog, log_line
 
@@ -90,6 +90,7 @@ class EngineHost:
         )  # fmt: skip
         self.engine: AsyncEngine | None = None  # set once built
         self.inflight: dict[str, Inflight] = {}
+        self.admitted_tokens = TokenRate()  # what higher classes' arrivals will take
         self.warmup_step_time_s = 0.0
         self._on_report = on_report
 
@@ -163,6 +164,7 @@ class EngineHost:
             num_free_host_blocks=snapshot.num_free_host_blocks,
             running_blocks_by_class=snapshot.running_blocks_by_class,
             release_blocks_per_s=snapshot.release_blocks_per_s,
+            prompt_tokens_per_s_by_class=self.admitted_tokens.rates(time.monotonic()),
         )  # fmt: skip
 
     def admit(
@@ -184,6 +186,7 @@ class EngineHost:
         estimate = self.admission.check(
             self.load(), demand, slo.targets.max_latency_ms, slo.is_reject_infeasible, ttft_ms
         )
+        self.admitted_tokens.add(now, slo.targets.slo_class, demand.num_prompt_tokens)
         inflight = Inflight(prepared, arrival, estimate=estimate, admitted_at=now)
         inflight.estimated_ttft_ms = estimated_ttft_ms(
             demand, self.admission.expected_ttft_s(demand, estimate)

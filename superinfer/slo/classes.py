@@ -62,11 +62,13 @@ class SLOClass:
 
 
 def default_classes() -> tuple[SLOClass, ...]:
-    """The classes served when no `--slo-config` is given (no reservations)."""
+    """The classes served when no `--slo-config` is given (no reservations; every class
+    refused when its targets cannot be met, so an admitted request is one the server
+    expects to keep)."""
     return (
         SLOClass("gold", ttft_ms=500, tbt_ms=100),
         SLOClass("silver", ttft_ms=DEFAULT_TTFT_MS, tbt_ms=DEFAULT_TBT_MS),
-        SLOClass("bronze", ttft_ms=5000, tbt_ms=1000, reject_infeasible=False),
+        SLOClass("bronze", ttft_ms=5000, tbt_ms=1000),
     )
 
 

@@ -5,12 +5,17 @@ figures a refusal reports.
 Pure Python over plain data: `EngineLoad` is built from the engine's published snapshot
 (never the live engine), times are seconds from now, deadlines are on the engine's clock.
 
-    first token = compute + memory, times the learned correction
+    first token = (compute + memory) / (1 - higher), times the learned correction
     compute     = (prompt tokens queued ahead + this prompt) x prefill cost per token
                   + one step per step's worth of those tokens
     memory      = blocks the queue ahead and this request need beyond what is free (or can
-                  be freed by rotating requests out to the host tier under the active
-                  policy), over the rate at which finishing requests free device blocks
+                  be taken from lower classes, and under a rotating policy from the same
+                  class as far as the host tier has room), over the rate at which
+                  finishing requests free device blocks
+    higher      = the share of the engine's time that prefilling more important classes'
+                  new arrivals takes (their recent prompt tokens per second x the prefill
+                  cost per token): they will be served ahead of this request while it
+                  waits, the classic stretch of a preemptive-priority queue
 
 "Ahead" is class order, then the policy's: requests of a more important class, and those
 of the same class the policy serves first (due earlier, when it admits by deadline; all of
@@ -32,6 +37,7 @@ from dataclasses import dataclass, field
 # No device-memory release seen recently while memory is short: the wait is unknown, and
 # long. The estimate uses this instead of infinity so that it stays a number.
 UNKNOWN_MEMORY_WAIT_S = 60.0
+MAX_HIGHER_SHARE = 0.9
 _POOLED = object()  # the correction's key for all classes together
 
 
@@ -60,6 +66,7 @@ class EngineLoad:
     num_free_host_blocks: int = 0
     running_blocks_by_class: Mapping[str | None, int] = field(default_factory=dict)
     release_blocks_per_s: float = 0.0  # device blocks freed by finishing requests, recently
+    prompt_tokens_per_s_by_class: Mapping[str | None, float] = field(default_factory=dict)
 
     @property
     def num_queued(self) -> int:
@@ -76,10 +83,11 @@ class FirstTokenEstimate:
 
     compute_s: float
     memory_s: float
+    stretch: float = 1.0  # 1 / (1 - the share of time higher classes' arrivals take)
 
     @property
     def raw_s(self) -> float:
-        return self.compute_s + self.memory_s
+        return (self.compute_s + self.memory_s) * self.stretch
 
 
 class Estimator:
@@ -117,22 +125,33 @@ class Estimator:
         num_needed = sum(_blocks(q.num_tokens, load.block_size) for q in ahead)
         num_needed += _blocks(num_prompt_tokens, load.block_size)
         deficit = num_needed - self._num_available_blocks(load, slo_class)
-        return FirstTokenEstimate(compute_s, _memory_wait_s(deficit, load))
+        stretch = 1.0 / (1.0 - self._higher_share(load, slo_class))
+        return FirstTokenEstimate(compute_s, _memory_wait_s(deficit, load), stretch)
+
+    def _higher_share(self, load: EngineLoad, slo_class: str | None) -> float:
+        """The share of time more important classes' new prompts take, at most
+        `MAX_HIGHER_SHARE` (past it the wait is long, not infinite)."""
+        rank = self.rank(slo_class)
+        rate = sum(tokens_per_s for name, tokens_per_s in load.prompt_tokens_per_s_by_class.items()
+                   if self.rank(name) < rank)  # fmt: skip
+        return min(MAX_HIGHER_SHARE, rate * load.prefill_s_per_token)
 
     def finish_s(self, load: EngineLoad, first_token_s: float, max_tokens: int) -> float:
         """Seconds from now to the last token: the first, then a step per token."""
         return first_token_s + max(0, max_tokens - 1) * load.step_time_s
 
     def _num_available_blocks(self, load: EngineLoad, slo_class: str | None) -> int:
-        """Free device blocks, plus those the scheduler would rotate out to make room:
-        lower classes' (any policy displaces them), and under a rotating policy the same
+        """Free device blocks, plus those the scheduler would take from running requests to
+        make room: all of a lower class's (it rotates them to the host tier, or drops them
+        for recompute when the host tier is full), and under a rotating policy the same
         class's too, as far as the host tier has room."""
         rank = self.rank(slo_class)
-        rotatable = sum(
-            blocks for name, blocks in load.running_blocks_by_class.items()
-            if self.rank(name) > rank or (load.is_preempt_by_swap and self.rank(name) == rank)
-        )  # fmt: skip
-        return load.num_free_device_blocks + min(rotatable, load.num_free_host_blocks)
+        num_lower = num_same = 0
+        for name, blocks in load.running_blocks_by_class.items():
+            other = self.rank(name)
+            num_lower += blocks if other > rank else 0
+            num_same += blocks if other == rank and load.is_preempt_by_swap else 0
+        return load.num_free_device_blocks + num_lower + min(num_same, load.num_free_host_blocks)
 
 
 def _blocks(num_tokens: int, block_size: int) -> int:
@@ -145,6 +164,25 @@ def _memory_wait_s(num_deficit_blocks: int, load: EngineLoad) -> float:
     if load.release_blocks_per_s <= 0:
         return UNKNOWN_MEMORY_WAIT_S
     return num_deficit_blocks / load.release_blocks_per_s
+
+
+class TokenRate:
+    """Prompt tokens admitted per second, by class, over the last `window_s` seconds."""
+
+    def __init__(self, window_s: float = 20.0) -> None:
+        self.window_s = window_s
+        self._admitted: deque[tuple[float, str | None, int]] = deque()
+
+    def add(self, now: float, slo_class: str | None, num_tokens: int) -> None:
+        self._admitted.append((now, slo_class, num_tokens))
+
+    def rates(self, now: float) -> dict[str | None, float]:
+        while self._admitted and self._admitted[0][0] < now - self.window_s:
+            self._admitted.popleft()
+        totals: dict[str | None, float] = {}
+        for _, slo_class, num_tokens in self._admitted:
+            totals[slo_class] = totals.get(slo_class, 0.0) + num_tokens
+        return {name: total / self.window_s for name, total in totals.items()}
 
 
 class Correction:
@@ -164,7 +202,7 @@ class Correction:
         min_samples: int = 20,
         floor_s: float = 0.1,
         low: float = 0.5,
-        high: float = 4.0,
+        high: float = 10.0,
     ) -> None:
         if not 0 < quantile < 1:
             raise ValueError(f"quantile must lie in (0, 1), got {quantile}")

@@ -6,7 +6,12 @@ import json
 
 import pytest
 
-from superinfer.slo.classes import SLOConfigError, load_slo_config, parse_slo_config
+from superinfer.slo.classes import (
+    SLOConfigError,
+    default_classes,
+    load_slo_config,
+    parse_slo_config,
+)
 
 YAML = """
 default_class: silver
@@ -91,3 +96,9 @@ def test_unreadable_and_malformed_files(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(SLOConfigError, match="not valid JSON"):
         load_slo_config(bad)
+
+
+def test_every_default_class_is_refused_when_its_targets_cannot_be_met():
+    # "if we accept it, we keep it": without --slo-config no class is served best effort
+    assert [c.name for c in default_classes()] == ["gold", "silver", "bronze"]
+    assert all(c.reject_infeasible for c in default_classes())

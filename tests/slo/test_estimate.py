@@ -13,6 +13,7 @@ from superinfer.slo.estimate import (
     EngineLoad,
     Estimator,
     Queued,
+    TokenRate,
 )
 
 ESTIMATOR = Estimator(("gold", "silver", "bronze"))
@@ -56,7 +57,7 @@ def test_memory_bound_waits_for_blocks_to_be_released():
     assert ESTIMATOR.first_token(unknown, 100, None, 5.0).memory_s == UNKNOWN_MEMORY_WAIT_S
 
 
-def test_rotation_room_counts_lower_classes_and_under_rotation_the_same_class():
+def test_room_counts_lower_classes_and_under_rotation_the_same_class_as_the_host_allows():
     common = {"num_free_device_blocks": 2, "num_free_host_blocks": 100,
                   "running_blocks_by_class": {"bronze": 30, "gold": 30}}  # fmt: skip
     recompute = base(**common)
@@ -64,8 +65,9 @@ def test_rotation_room_counts_lower_classes_and_under_rotation_the_same_class():
     assert ESTIMATOR.first_token(recompute, 100, "bronze", 5.0).memory_s > 0
     rotating = base(is_preempt_by_swap=True, **common)
     assert ESTIMATOR.first_token(rotating, 100, "bronze", 5.0).memory_s == 0.0
-    no_host = base(**{**common, "num_free_host_blocks": 0})
-    assert ESTIMATOR.first_token(no_host, 100, "gold", 5.0).memory_s > 0
+    no_host = base(**{**common, "num_free_host_blocks": 0, "is_preempt_by_swap": True})
+    assert ESTIMATOR.first_token(no_host, 100, "gold", 5.0).memory_s == 0.0  # recomputed
+    assert ESTIMATOR.first_token(no_host, 100, "bronze", 5.0).memory_s > 0
 
 
 def test_correction_converges_to_a_high_quantile_of_a_biased_clock():
@@ -89,3 +91,24 @@ def test_tiny_estimates_are_compared_at_the_floor():
     for _ in range(5):
         correction.observe(None, 0.001, 0.05)  # an idle engine: 1 ms estimated, 50 ms real
     assert correction.factor(None) == pytest.approx(0.5)  # not 50x
+
+
+def test_higher_classes_arriving_stretch_the_wait_of_lower_ones():
+    # gold prompts arrive at 300 tokens/s; at 1 ms a token they take 30% of the engine
+    load = base(queued=(Queued(0.0, 400, "bronze"),),
+                prompt_tokens_per_s_by_class={"gold": 300.0, "bronze": 900.0})  # fmt: skip
+    bronze = ESTIMATOR.first_token(load, 100, "bronze", deadline=5.0)
+    assert bronze.stretch == pytest.approx(1 / 0.7)
+    assert bronze.raw_s == pytest.approx((0.5 + 0.05) / 0.7)
+    assert ESTIMATOR.first_token(load, 100, "gold", deadline=5.0).stretch == 1.0  # none above
+    flood = base(prompt_tokens_per_s_by_class={"gold": 5000.0})
+    assert ESTIMATOR.first_token(flood, 100, "silver", 5.0).stretch == pytest.approx(10.0)
+
+
+def test_token_rate_counts_the_window_by_class():
+    rate = TokenRate(window_s=10.0)
+    rate.add(0.0, "gold", 100)
+    rate.add(5.0, "gold", 200)
+    rate.add(6.0, None, 50)
+    assert rate.rates(9.0) == {"gold": 30.0, None: 5.0}
+    assert rate.rates(12.0) == {"gold": 20.0, None: 5.0}  # the first fell out of the window

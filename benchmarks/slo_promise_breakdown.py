@@ -1,0 +1,82 @@
+"""Where an SLO run's misses come from, per class: refused, admitted and met, admitted and
+late on TTFT or on TPOT; and how the class did on the requests an idle engine could have
+served in time at all (prompt x the warm-up's prefill cost + one decode step within the
+TTFT target), which bounds what any scheduler can reach on this machine.
+
+    benchmarks/slo_promise_breakdown.py RESULT.json [RESULT.json ...]
+
+Reads `superinfer bench serve` results (benchmarks/vs_vllm/run.py writes them with the
+server log beside, `NAME.server.log`, whose warm-up line gives the idle costs; for a
+vLLM result, superinfer's log in the same folder is used).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections import Counter
+from pathlib import Path
+
+_WARMUP = re.compile(r"prefill ([\d.]+) ms/token, decode step ([\d.]+) ms")
+
+
+def idle_costs(result: Path) -> tuple[float, float] | None:
+    """(prefill s per token, decode step s) from a superinfer server log in the folder."""
+    logs = [result.with_suffix(".server.log"), *sorted(result.parent.glob("*.server.log"))]
+    for log in logs:
+        match = log.exists() and _WARMUP.search(log.read_text(errors="replace"))
+        if match:
+            return float(match.group(1)) / 1000, float(match.group(2)) / 1000
+    return None
+
+
+def outcome(record: dict) -> str:
+    if record["status"] != 200:
+        return f"refused {record.get('error_code') or record['status']}"
+    slo = record["slo"]
+    if slo["ttft_met"] and slo["tpot_met"] and slo["deadline_met"]:
+        return "met"
+    return "late " + "+".join(name for name in ("ttft", "tpot", "deadline")
+                              if not slo[f"{name}_met"])  # fmt: skip
+
+
+def is_feasible_idle(record: dict, costs: tuple[float, float] | None) -> bool:
+    if costs is None:
+        return True
+    prefill_s, step_s = costs
+    return record["prompt_tokens"] * prefill_s + step_s <= record["targets"]["ttft_ms"] / 1000
+
+
+def breakdown(path: Path) -> dict:
+    result = json.loads(path.read_text())
+    costs = idle_costs(path)
+    by_class: dict[str, Counter] = {}
+    for record in result["records"]:
+        counts = by_class.setdefault(record.get("slo_class") or "none", Counter())
+        kind = outcome(record)
+        counts[kind] += 1
+        counts["requests"] += 1
+        if is_feasible_idle(record, costs):
+            counts["feasible"] += 1
+            counts["feasible met"] += kind == "met"
+    summary = {}
+    for name, counts in by_class.items():
+        num_admitted = sum(v for k, v in counts.items() if k == "met" or k.startswith("late"))
+        summary[name] = {
+            **dict(sorted(counts.items())),
+            "precision": counts["met"] / num_admitted if num_admitted else None,
+            "met_of_feasible": counts["feasible met"] / counts["feasible"] if counts["feasible"] else None,
+        }
+    return {"result": str(path), "idle_costs_s": costs, "by_class": summary}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("results", nargs="+", type=Path)
+    for path in parser.parse_args().results:
+        print(json.dumps(breakdown(path), indent=1))
+
+
+if __name__ == "__main__":
+    main()
