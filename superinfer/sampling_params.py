@@ -13,7 +13,8 @@ class SamplingParams:
     """How to pick each next token, what to report about it, and when to stop.
 
     temperature 0 means greedy. `stop` strings end generation when they appear in the
-    decoded text (the stop string itself is not returned). `stop_token_ids` end it on those
+    decoded text (the stop string itself is returned only with
+    `include_stop_str_in_output`). `stop_token_ids` end it on those
     ids in addition to the model's end-of-sequence ids (unless `ignore_eos`).
 
     The logits are processed in vLLM's order: `allowed_token_ids`, `bad_words`,
@@ -35,6 +36,7 @@ class SamplingParams:
     stop: list[str] | str | None = None
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0

@@ -19,10 +19,12 @@ class IncrementalDetokenizer:
         tokenizer: PreTrainedTokenizerBase,
         stop: Sequence[str] = (),
         skip_special_tokens: bool = True,
+        include_stop_str: bool = False,
     ) -> None:
         self.tokenizer = tokenizer
         self.stop = list(stop)
         self.skip_special_tokens = skip_special_tokens
+        self.include_stop_str = include_stop_str  # the text keeps the stop string found
         self.token_ids: list[int] = []
         self.text = ""
         self.stop_string: str | None = None  # the stop string that ended the text, if any
@@ -60,7 +62,7 @@ class IncrementalDetokenizer:
         hits = [(index, s) for index, s in hits if index >= 0]
         if hits:
             index, stop = min(hits)
-            self.text = self.text[:index]
+            self.text = self.text[: index + (len(stop) if self.include_stop_str else 0)]
             self.stop_string = stop
 
     @property

@@ -324,8 +324,9 @@ class LLMEngine:
         )
         self.scheduler.add_request(request)
         detokenizer = IncrementalDetokenizer(
-            self.tokenizer, params.stop, params.skip_special_tokens
-        )
+            self.tokenizer, params.stop, params.skip_special_tokens,
+            params.include_stop_str_in_output,
+        )  # fmt: skip
         tracked = self._tracked[request.request_id] = _Tracked(request, text, detokenizer)
         if params.logprobs is not None:
             tracked.logprobs = []

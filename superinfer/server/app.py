@@ -1,6 +1,6 @@
-"""The FastAPI app: OpenAI-compatible routes, /health, /metrics, and (for tests only)
-/debug/engine. Wrapped in `IngressStamp`, so every request's arrival is stamped before
-its body is read.
+"""The FastAPI app: OpenAI-compatible routes, vLLM's /tokenize, /detokenize and /version,
+/health, /metrics, and (for tests only) /debug/engine. Wrapped in `IngressStamp`, so every
+request's arrival is stamped before its body is read.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from superinfer.server.generation import (
 from superinfer.server.prepare import PreparedRequest, error_for_validation
 from superinfer.server.protocol import ChatCompletionRequest, CompletionRequest
 from superinfer.server.state import ServerState
+from superinfer.server.tokenize import add_tokenizer_routes
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +105,7 @@ def build_app(state: S, generate: GenerateHandler[S]) -> IngressStamp:
 
 def _add_info_routes(app: FastAPI, state: AppState) -> None:
     front = state.front
+    add_tokenizer_routes(app, front, _read_json)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -197,7 +199,7 @@ async def prepare_request(
     assert front.preparer is not None
     prepared = front.preparer.prepare(body, request.headers, rejection.arrival)
     rejection.targets, rejection.priority = prepared.slo.targets, prepared.priority
-    rejection.num_prompt_tokens = len(prepared.prompt_token_ids)
+    rejection.num_prompt_tokens = prepared.num_prompt_tokens
     if prepared.params.structured is not None:  # off the loop and off the engine thread
         await asyncio.to_thread(front.preparer.compile_structured, prepared)
     return prepared, _expected_tokens(body, prepared)

@@ -29,9 +29,23 @@ class ServerConfig:
     )
     generation_config: str = opt(
         "auto",
-        "Default sampling parameters (temperature, top_p, top_k, max_new_tokens) for the fields "
+        "Default sampling parameters (temperature, top_p, top_k, min_p, repetition_penalty, "
+        "max_new_tokens) for the fields "
         "a request does not set, as vLLM's flag: auto reads the model directory's "
         "generation_config.json, vllm uses none, or a directory holding that file.",
+    )
+    tool_call_parser: str = opt(
+        "hermes",
+        "How tool calls are written and parsed on /v1/chat/completions (vLLM's flag): hermes, "
+        "<tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>, the default model "
+        "family's format. A chat template that ignores tools gets them in this format's "
+        "system prompt. See docs/openai-api.md.",
+        choices=["hermes"],
+    )
+    enable_auto_tool_choice: bool = opt(
+        False,
+        "vLLM's flag, accepted: tool_choice auto (the default with tools) is always on, "
+        "parsed with --tool-call-parser.",
     )
     max_num_queued_reqs: int = opt(
         1024, "Most requests waiting for admission at once; more get 429 with Retry-After."

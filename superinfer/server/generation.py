@@ -5,7 +5,9 @@ A request asking for several sequences (`n`, `best_of`) runs as that many engine
 logged like any other, and they share the prompt's KV blocks (`AsyncEngine.share_prompt`).
 With `best_of` > `n`, the `n` sequences with the highest cumulative log-probability are
 returned; usage counts the prompt once and the output tokens of every sequence, as OpenAI
-does.
+does. A completions request with several prompts runs each as a request of its own,
+`{id}-{p}` (its sequences `{id}-{p}-{j}`); choice `p * n + j` is prompt p's j-th, as vLLM
+and OpenAI index them, and usage sums the prompts.
 
 A client that goes away aborts its request (its KV blocks are released in both tiers): a
 stream when its response ends before the request did (`SSEResponse`), a non-stream request
@@ -34,9 +36,13 @@ from superinfer.server.logprobs import (
     completion_logprobs,
     prompt_logprobs_json,
 )
-from superinfer.server.prepare import PreparedRequest
+from superinfer.sampling_params import SamplingParams
+from superinfer.server.prepare import PreparedRequest, Prompt
 from superinfer.server.responses import DONE, ResponseShape, sse, stable_end, usage_of
 from superinfer.server.state import Inflight, ServerState
+from superinfer.server.tools import DeltaMessage, ToolCall
+from superinfer.server.tools.streaming import TaggedCallStream
+from superinfer.structured import StructuredOutput
 
 if TYPE_CHECKING:
     from superinfer.server.engine_host import EngineHost
@@ -55,7 +61,41 @@ class Choice:
 def admit_choices(
     host: EngineHost, prepared: PreparedRequest, arrival: Arrival, expected_tokens: int
 ) -> list[Choice]:
-    """Admit every sequence `prepared` asks for (raises APIError; then none runs)."""
+    """Admit every sequence of every prompt `prepared` asks for, prompt-major (raises
+    APIError; then none runs)."""
+    choices: list[Choice] = []
+    try:
+        for group in prompt_groups(prepared):
+            choices += _admit_sequences(host, group, arrival, expected_tokens)
+    except APIError:
+        for choice in choices:
+            host.abort(choice.inflight, "sibling_rejected")
+        raise
+    return choices
+
+
+def prompt_groups(prepared: PreparedRequest) -> list[PreparedRequest]:
+    """One request per prompt: `prepared` itself when it has one."""
+    if not prepared.more_prompts:
+        return [prepared]
+    prompts = [Prompt(prepared.prompt, prepared.prompt_token_ids, prepared.params.max_tokens or 1),
+               *prepared.more_prompts]  # fmt: skip
+    groups = []
+    for index, prompt in enumerate(prompts):
+        params = dataclasses.replace(
+            prepared.params, max_tokens=prompt.max_tokens, structured=_fork(prepared.params)
+        )
+        groups.append(dataclasses.replace(
+            prepared, request_id=f"{prepared.request_id}-{index}", prompt=prompt.text,
+            prompt_token_ids=prompt.token_ids, params=params, more_prompts=[],
+        ))  # fmt: skip
+    return groups
+
+
+def _admit_sequences(
+    host: EngineHost, prepared: PreparedRequest, arrival: Arrival, expected_tokens: int
+) -> list[Choice]:
+    """Admit the sequences of one prompt (they share its KV blocks)."""
     if prepared.num_sequences == 1:
         return [Choice(*host.admit(prepared, arrival, expected_tokens))]
     children = [_child(prepared, i) for i in range(prepared.num_sequences)]
@@ -75,12 +115,15 @@ def admit_choices(
     return choices
 
 
+def _fork(params: SamplingParams) -> StructuredOutput | None:
+    return params.structured.fork() if params.structured is not None else None
+
+
 def _child(prepared: PreparedRequest, index: int) -> PreparedRequest:
     seed = prepared.params.seed
-    structured = prepared.params.structured
     params = dataclasses.replace(
         prepared.params, seed=None if seed is None else seed + index,
-        structured=structured.fork() if structured is not None else None,
+        structured=_fork(prepared.params),
     )  # fmt: skip
     return dataclasses.replace(
         prepared, request_id=f"{prepared.request_id}-{index}", params=params, n=1, best_of=1
@@ -130,6 +173,7 @@ class _Progress:
     text_offset: int = 0  # completions' logprobs: characters of those tokens
     is_started: bool = False
     num_output_tokens: int = 0
+    tools: TaggedCallStream | None = None  # the tool-call parse of its text so far
 
 
 class _Render:
@@ -145,11 +189,15 @@ class _Render:
         self.texts: TokenTexts = preparer.token_texts
         self.echo = prepared.echo and not is_chat
 
-    def prompt_text(self) -> str:
-        prepared = self.prepared
-        if prepared.prompt is not None:
-            return prepared.prompt
-        return self.texts.tokenizer.decode(prepared.prompt_token_ids)
+    def progress(self) -> _Progress:
+        parser = self.prepared.tool_parser if self.is_chat else None
+        return _Progress(tools=parser.stream() if parser is not None else None)
+
+    def prompt_text(self, output: RequestOutput) -> str:
+        """The prompt of `output`'s request, for echo (its text, else its decoded ids)."""
+        if output.prompt is not None:
+            return output.prompt
+        return self.texts.tokenizer.decode(output.prompt_token_ids)
 
     def logprobs(
         self, output: RequestOutput, start: int, end: int, progress: _Progress | None = None,
@@ -175,10 +223,16 @@ class _Render:
         completion = output.outputs[0]
         num_tokens = len(completion.token_ids)
         if self.echo:
-            text = self.prompt_text() + text
+            text = self.prompt_text(output) + text
         logprobs = self.logprobs(output, 0, num_tokens, with_prompt=self.echo)
+        finish_reason, calls = completion.finish_reason, None
+        parser = self.prepared.tool_parser if self.is_chat else None
+        if parser is not None:
+            parsed = parser.parse(text)
+            text, calls = parsed.content or "", [c.to_dict() for c in parsed.tool_calls]
+            finish_reason = _finish_reason(finish_reason, parsed.tool_calls)
         choice = self.shape.choice(
-            index, text, completion.finish_reason, completion.stop_reason, logprobs
+            index, text, finish_reason, completion.stop_reason, logprobs, calls
         )
         if self.prepared.num_prompt_logprobs is not None and not self.is_chat:
             choice["prompt_logprobs"] = self._prompt_logprobs(output)
@@ -203,17 +257,26 @@ class _Render:
     # --- stream chunks --------------------------------------------------------------------
     def text_chunk(
         self, index: int, progress: _Progress, output: RequestOutput, end: int
-    ) -> dict[str, Any]:
+    ) -> dict[str, Any] | None:
+        """The chunk of the text up to `end`; None when it has nothing to send (the tool
+        parser holds all of it, and it is not the choice's first chunk)."""
         completion = output.outputs[0]
-        delta = completion.text[progress.num_chars : end]
+        delta: str | None = completion.text[progress.num_chars : end]
         is_first = not progress.is_started
         with_prompt = self.echo and is_first
         if with_prompt:
-            delta = self.prompt_text() + delta
+            delta = self.prompt_text(output) + delta
         num_tokens = len(completion.token_ids)
         logprobs = self.logprobs(output, progress.num_tokens, num_tokens, progress, with_prompt)
         progress.num_chars, progress.num_tokens, progress.is_started = end, num_tokens, True
-        return self.shape.chunk(delta, is_first=is_first, index=index, logprobs=logprobs)
+        calls = None
+        if progress.tools is not None:
+            delta, calls = _tool_delta(progress.tools.feed(delta or ""), is_first)
+            if delta is None and not calls and logprobs is None:
+                return None
+        return self.shape.chunk(
+            delta, is_first=is_first, index=index, logprobs=logprobs, tool_calls=calls
+        )
 
     def last_chunk(self, index: int, progress: _Progress, output: RequestOutput) -> dict[str, Any]:
         completion = output.outputs[0]
@@ -221,12 +284,31 @@ class _Render:
         logprobs = None
         if completion.finish_reason != "abort":
             logprobs = self.logprobs(output, progress.num_tokens, num_tokens, progress)
+        delta, calls, finish_reason = None if self.is_chat else "", None, completion.finish_reason
+        if progress.tools is not None:
+            delta, calls = _tool_delta(progress.tools.finish(), False)
+            finish_reason = _finish_reason(finish_reason, progress.tools.calls)
         chunk = self.shape.chunk(
-            None if self.is_chat else "", completion.finish_reason, completion.stop_reason,
-            is_first=not progress.is_started, index=index, logprobs=logprobs,
+            delta, finish_reason, completion.stop_reason, is_first=not progress.is_started,
+            index=index, logprobs=logprobs, tool_calls=calls,
         )  # fmt: skip
         progress.is_started = True
         return chunk
+
+
+def _tool_delta(
+    delta: DeltaMessage, is_first: bool
+) -> tuple[str | None, list[dict[str, Any]] | None]:
+    """(content, tool_calls) of a chunk's delta: content only when there is some (a
+    first chunk always has it, so the role goes out with the first token)."""
+    calls = [piece.to_dict() for piece in delta.tool_calls] or None
+    content = delta.content if delta.content or (is_first and not calls) else None
+    return content, calls
+
+
+def _finish_reason(reason: str | None, calls: list[ToolCall]) -> str | None:
+    """OpenAI's "tool_calls" for an output that ended by itself after calling tools."""
+    return "tool_calls" if calls and reason == "stop" else reason
 
 
 async def _merged(choices: list[Choice]) -> AsyncIterator[tuple[int, RequestOutput]]:
@@ -271,7 +353,7 @@ async def stream_choices(
 ) -> AsyncIterator[bytes]:
     """The SSE events of a request's choices, interleaved as their tokens come."""
     render = _Render(state, prepared, is_chat)
-    progress = [_Progress() for _ in choices]
+    progress = [render.progress() for _ in choices]
     stop = prepared.params.stop
     is_single = len(choices) == 1
     try:
@@ -283,7 +365,9 @@ async def stream_choices(
                 end = stable_end(completion.text, stop, output.finished)
                 if end > done.num_chars or (render.echo and not done.is_started):
                     chunk = render.text_chunk(index, done, output, end)
-                    yield sse(_with_usage(chunk, prepared, _usage(prepared, progress, output)))
+                    if chunk is not None:
+                        usage = _usage(prepared, progress, output)
+                        yield sse(_with_usage(chunk, prepared, usage))
             if not output.finished:
                 continue
             last = render.last_chunk(index, done, output)
@@ -296,9 +380,7 @@ async def stream_choices(
             else:
                 yield sse({**last, "slo": slo})
         if prepared.include_usage:
-            usage = usage_of(
-                len(prepared.prompt_token_ids), sum(p.num_output_tokens for p in progress)
-            )
+            usage = usage_of(prepared.num_prompt_tokens, sum(p.num_output_tokens for p in progress))
             report = choices[0].inflight.report
             slo = report.to_dict() if report is not None and is_single else None
             yield sse({**render.shape.usage_chunk(usage), "slo": slo})
@@ -315,7 +397,7 @@ def _usage(
 ) -> dict[str, int] | None:
     if not prepared.continuous_usage:
         return None
-    return usage_of(len(prepared.prompt_token_ids), sum(p.num_output_tokens for p in progress))
+    return usage_of(prepared.num_prompt_tokens, sum(p.num_output_tokens for p in progress))
 
 
 def _with_usage(
@@ -367,7 +449,7 @@ async def collect_choices(
             if choice.stream.final is None and choice.stream.error is None:
                 state.abort(choice.inflight, "client_disconnected")
     render = _Render(state, prepared, is_chat)
-    chosen = _best(finals, prepared.n)
+    chosen = _chosen(finals, prepared.n, prepared.num_sequences)
     bodies = [render.full_choice(i, finals[k], texts[k]) for i, k in enumerate(chosen)]
     reports = [choices[k].inflight.report for k in chosen]
     slos = [r.to_dict() if r is not None else None for r in reports]
@@ -375,9 +457,17 @@ async def collect_choices(
         for body, slo in zip(bodies, slos):
             body["slo"] = slo
     num_output = sum(len(f.outputs[0].token_ids) for f in finals.values())
-    usage = usage_of(len(prepared.prompt_token_ids), num_output)
+    usage = usage_of(prepared.num_prompt_tokens, num_output)
     extra = render.extra(finals[chosen[0]])
     return 200, render.shape.full(bodies, usage, slos[0], **extra)
+
+
+def _chosen(finals: dict[int, RequestOutput], n: int, per_prompt: int) -> list[int]:
+    """The choices returned, prompt by prompt (each prompt's `per_prompt` sequences are
+    consecutive)."""
+    indices = sorted(finals)
+    groups = [indices[i : i + per_prompt] for i in range(0, len(indices), per_prompt)]
+    return [k for group in groups for k in _best({k: finals[k] for k in group}, n)]
 
 
 def _best(finals: dict[int, RequestOutput], n: int) -> list[int]:

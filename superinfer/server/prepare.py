@@ -9,18 +9,20 @@ import copy
 import json
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel
 
 from superinfer.sampling_params import SamplingParams
 from superinfer.server.arrival import Arrival
+from superinfer.server.chat_template import conversation_of, render_chat
 from superinfer.server.errors import APIError, bad_request
 from superinfer.server.logprobs import TokenTexts
-from superinfer.server.protocol import ChatCompletionRequest, CompletionRequest
+from superinfer.server.protocol import MAX_SEQUENCES, ChatCompletionRequest, CompletionRequest
 from superinfer.server.serving_defaults import ServingDefaults
 from superinfer.slo.binding import BoundSLO, bind_slo
+from superinfer.server.tools import ToolParser, parser_named, tool_use_of
 from superinfer.slo.classes import SLOConfig
 from superinfer.structured import GrammarCompiler, StructuredOutput
 
@@ -32,11 +34,8 @@ _REQUEST_ID_HEADER = "x-request-id"
 UNSUPPORTED: dict[str, Any] = {
     "suffix": (None, ""),
     "echo": (None, False),  # chat: vLLM's echo of the last message
-    "tool_choice": (None, "none", "auto"),  # without tools, "auto" means none
     "functions": (None, []),
     "function_call": (None, "none", "auto"),
-    "chat_template_kwargs": (None, {}),
-    "include_stop_str_in_output": (None, False),
     "spaces_between_special_tokens": (None, True),
     "truncate_prompt_tokens": (None,),
     "use_beam_search": (None, False),
@@ -55,6 +54,15 @@ UNSUPPORTED: dict[str, Any] = {
 
 
 @dataclass
+class Prompt:
+    """One more prompt of a completions request with several (`prompt` a list)."""
+
+    text: str | None
+    token_ids: list[int]
+    max_tokens: int
+
+
+@dataclass
 class PreparedRequest:
     request_id: str
     prompt: str | None
@@ -70,10 +78,20 @@ class PreparedRequest:
     echo: bool = False  # completions: the prompt comes first in each choice
     num_top_logprobs: int | None = None  # logprobs in the response: the top N; None: none
     num_prompt_logprobs: int | None = None  # vLLM's prompt_logprobs field, top N each
+    tool_parser: ToolParser | None = None  # parses the output's tool calls; None: no tools
+    constraint_param: str = "response_format"  # the field a grammar error names
+    # completions with several prompts: the second and later (prompt_token_ids is the first)
+    more_prompts: list[Prompt] = field(default_factory=list)
 
     @property
     def num_sequences(self) -> int:
+        """Sequences generated per prompt."""
         return max(self.n, self.best_of)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        """The tokens of all its prompts (usage counts each prompt once)."""
+        return len(self.prompt_token_ids) + sum(len(p.token_ids) for p in self.more_prompts)
 
 
 class RequestPreparer:
@@ -90,6 +108,7 @@ class RequestPreparer:
         self.max_model_len = max_model_len
         self.slo_config = slo_config
         self.defaults = defaults or ServingDefaults()
+        self.tool_parser = parser_named(self.defaults.tool_call_parser)
         if self.defaults.chat_template is not None:
             self.tokenizer.chat_template = self.defaults.chat_template
 
@@ -101,12 +120,15 @@ class RequestPreparer:
     ) -> PreparedRequest:
         _check_supported(body)
         body = self._with_defaults(body)
+        tool_parser, forced, more = None, None, []
         if isinstance(body, ChatCompletionRequest):
-            prompt, token_ids = self._chat_prompt(body)
+            prompt, token_ids, tool_parser, forced = self._chat_prompt(body)
             max_tokens = body.max_completion_tokens or body.max_tokens
         else:
-            prompt, token_ids = self._completion_prompt(body)
+            (prompt, token_ids), *others = self._completion_prompts(body)
             max_tokens = body.max_tokens
+            more = [Prompt(text, ids, self._check_length(len(ids), max_tokens, body.min_tokens))
+                    for text, ids in others]  # fmt: skip
         max_tokens = self._check_length(len(token_ids), max_tokens, body.min_tokens)
         slo = bind_slo(headers, body.slo, self.slo_config, arrival)
         options = body.stream_options
@@ -116,6 +138,13 @@ class RequestPreparer:
         params.logprobs = num_top if best_of <= body.n else max(num_top or 0, 0)
         params.prompt_logprobs = body.prompt_logprobs
         params.structured = _structured_output(body)
+        if forced is not None:
+            if params.structured is not None:
+                raise bad_request(
+                    "a required or named tool_choice cannot be combined with another output "
+                    "constraint", "invalid_value", "tool_choice",
+                )  # fmt: skip
+            params.structured = forced
         if echo and num_top is not None:  # vLLM: echo with logprobs scores the prompt too
             params.prompt_logprobs = max(num_top, body.prompt_logprobs or 0)
         return PreparedRequest(
@@ -133,44 +162,37 @@ class RequestPreparer:
             echo=echo,
             num_top_logprobs=num_top,
             num_prompt_logprobs=body.prompt_logprobs,
+            tool_parser=tool_parser,
+            constraint_param="tools" if forced is not None else "response_format",
+            more_prompts=more,
         )
 
     # --- prompts --------------------------------------------------------------------------
-    def _completion_prompt(self, body: CompletionRequest) -> tuple[str | None, list[int]]:
+    def _completion_prompts(self, body: CompletionRequest) -> list[tuple[str | None, list[int]]]:
+        """(text, token ids) of each prompt: a string, token ids, or a list of either."""
         prompt = body.prompt
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-            if len(prompt) != 1:
-                raise bad_request(
-                    "batched prompts are not supported; send one request per prompt",
-                    "unsupported_parameter", "prompt",
-                )  # fmt: skip
-            prompt = prompt[0]
-        if isinstance(prompt, str):
-            return prompt, self._tokenize(prompt, "prompt")
-        return None, self._check_token_ids(list(prompt), "prompt")
+        prompts = prompt if _is_prompt_list(prompt) else [prompt]
+        if len(prompts) * max(body.n, body.best_of or body.n) > MAX_SEQUENCES:
+            raise bad_request(f"at most {MAX_SEQUENCES} sequences per request (prompts x n)",
+                              "invalid_value", "prompt")  # fmt: skip
+        return [
+            (p, self._tokenize(p, "prompt")) if isinstance(p, str)
+            else (None, self._check_token_ids(list(p), "prompt"))
+            for p in prompts
+        ]  # fmt: skip
 
-    def _chat_prompt(self, body: ChatCompletionRequest) -> tuple[str, list[int]]:
-        if body.tools:
-            raise bad_request("tools are not supported", "unsupported_parameter", "tools")
-        conversation = [
-            {"role": "system" if m.role == "developer" else m.role, "content": _text_of(m, i)}
-            for i, m in enumerate(body.messages)
-        ]
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise bad_request(
-                "this model has no chat template; use /v1/completions",
-                "unsupported_parameter",
-                "messages",
-            )
-        try:
-            text = self.tokenizer.apply_chat_template(
-                conversation, tokenize=False, add_generation_prompt=body.add_generation_prompt
-            )
-        except Exception as error:  # noqa: BLE001 - any template error: the messages do not fit
-            raise bad_request(
-                f"the chat template rejected the messages: {error}", "invalid_value", "messages"
-            ) from None
-        return text, self._tokenize(text, "messages")
+    def _chat_prompt(
+        self, body: ChatCompletionRequest
+    ) -> tuple[str, list[int], ToolParser | None, StructuredOutput | None]:
+        """The prompt, and the tools' parser and forced call (None without)."""
+        tool_use = tool_use_of(body.tools, body.tool_choice, self.tool_parser)
+        text = render_chat(
+            self.tokenizer, conversation_of(body.messages), body.add_generation_prompt,
+            tool_use.tools if tool_use else None, self.tool_parser, body.chat_template_kwargs,
+        )  # fmt: skip
+        parser = self.tool_parser if tool_use is not None and tool_use.parses else None
+        forced = tool_use.forced if tool_use is not None else None
+        return text, self._tokenize(text, "messages"), parser, forced
 
     def _tokenize(self, text: str, param: str) -> list[int]:
         token_ids = self.tokenizer(text)["input_ids"]
@@ -230,6 +252,7 @@ class RequestPreparer:
             params = SamplingParams(
                 max_tokens=max_tokens, temperature=temperature, top_p=body.top_p, top_k=top_k,
                 min_tokens=body.min_tokens, seed=body.seed, stop=body.stop,
+                include_stop_str_in_output=body.include_stop_str_in_output,
                 stop_token_ids=stop_token_ids, ignore_eos=body.ignore_eos,
                 skip_special_tokens=body.skip_special_tokens,
                 presence_penalty=_or(body.presence_penalty, 0.0),
@@ -255,7 +278,7 @@ class RequestPreparer:
         try:
             self.grammars.compile(structured)
         except ValueError as error:
-            raise bad_request(str(error), "invalid_value", "response_format") from None
+            raise bad_request(str(error), "invalid_value", prepared.constraint_param) from None
 
     def _logit_bias(self, bias: dict[str, float] | None) -> dict[int, float] | None:
         """OpenAI's logit_bias: token ids (as JSON keys) -> a bias in [-100, 100]."""
@@ -298,6 +321,11 @@ class RequestPreparer:
         if body.priority is not None:
             return body.priority
         return self.slo_config.priority_of(slo.targets.slo_class)
+
+
+def _is_prompt_list(prompt: Any) -> bool:
+    """Whether `prompt` is several prompts (strings or token-id lists), not one's ids."""
+    return isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], (str, list))
 
 
 def _or(value: Any, default: Any) -> Any:
@@ -381,26 +409,6 @@ def _check_supported(body: BaseModel) -> None:
             continue
         if value not in neutral:
             raise bad_request(f"{name}={value!r} is not supported", "unsupported_parameter", name)
-
-
-def _text_of(message: Any, index: int) -> str:
-    content = message.content
-    if content is None and message.role != "assistant":  # as OpenAI answers it
-        raise bad_request(
-            f"messages.{index}.content: a {message.role} message needs content",
-            "missing_field", f"messages.{index}.content",
-        )  # fmt: skip
-    if content is None or isinstance(content, str):
-        return content or ""
-    parts = []
-    for part in content:
-        if part.type != "text" or part.text is None:
-            raise bad_request(
-                f"content parts of type {part.type[:32]!r} are not supported",
-                "unsupported_parameter", f"messages.{index}.content",
-            )  # fmt: skip
-        parts.append(part.text)
-    return "".join(parts)
 
 
 def _request_id(body: Any, headers: Mapping[str, str]) -> str:

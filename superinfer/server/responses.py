@@ -8,7 +8,8 @@ choice's last chunk carries its own.
 
 A chat stream's first chunk of each choice carries the role with the first token's text
 (as vLLM sends it): no chunk goes out before a token exists, so a client's time to the
-first chunk is the real time to the first token.
+first chunk is the real time to the first token. With tools, a chunk's delta carries the
+content and the `tool_calls` pieces the tool parser made of its text.
 """
 
 from __future__ import annotations
@@ -54,11 +55,16 @@ class ResponseShape:
         finish_reason: str | None,
         stop_reason: int | str | None,
         logprobs: dict[str, Any] | None = None,
+        tool_calls: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
+        """One choice; a chat message with `tool_calls` has `content` null without text."""
         choice: dict[str, Any] = {"index": index, "logprobs": logprobs,
                                   "finish_reason": finish_reason, "stop_reason": stop_reason}  # fmt: skip
         if self.is_chat:
-            choice["message"] = {"role": "assistant", "content": text}
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if tool_calls:
+                message.update(content=text or None, tool_calls=tool_calls)
+            choice["message"] = message
         else:
             choice["text"] = text
         return choice
@@ -82,6 +88,7 @@ class ResponseShape:
         is_first: bool = False,
         index: int = 0,
         logprobs: dict[str, Any] | None = None,
+        tool_calls: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         choice: dict[str, Any] = {
             "index": index,
@@ -94,6 +101,8 @@ class ResponseShape:
             message: dict[str, Any] = {"role": "assistant"} if is_first else {}
             if delta is not None:
                 message["content"] = delta
+            if tool_calls:
+                message["tool_calls"] = tool_calls
             choice["delta"] = message
         else:
             choice["text"] = delta or ""

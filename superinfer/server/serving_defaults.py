@@ -1,5 +1,6 @@
-"""What a request gets when it does not say: the chat template and the default sampling
-parameters, from `--chat-template` and `--generation-config` as vLLM reads them."""
+"""What a request gets when it does not say: the chat template, the default sampling
+parameters and the tool-call format, from `--chat-template`, `--generation-config` and
+`--tool-call-parser` as vLLM reads them."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from superinfer.server.config import ServerConfig
 
 logger = logging.getLogger(__name__)
 
-# generation_config.json key -> the request field it is the default of
+# generation_config.json key -> the request field it is the default of (vLLM's list)
 _SAMPLING_KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+                  "min_p": "min_p", "repetition_penalty": "repetition_penalty",
                   "max_new_tokens": "max_tokens"}  # fmt: skip
 
 
@@ -23,6 +25,7 @@ _SAMPLING_KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_
 class ServingDefaults:
     chat_template: str | None = None  # None: the tokenizer's own
     sampling: dict[str, Any] = field(default_factory=dict)  # request field -> default
+    tool_call_parser: str = "hermes"  # superinfer.server.tools.PARSERS
 
 
 def serving_defaults_of(server: ServerConfig, engine: EngineConfig) -> ServingDefaults:
@@ -30,6 +33,7 @@ def serving_defaults_of(server: ServerConfig, engine: EngineConfig) -> ServingDe
     return ServingDefaults(
         load_chat_template(server.chat_template),
         load_generation_defaults(server.generation_config, engine.model.model),
+        server.tool_call_parser,
     )
 
 

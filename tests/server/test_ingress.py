@@ -89,7 +89,8 @@ MALFORMED = [
     ("stop token out of vocab", {**OK_BODY, "stop_token_ids": [-1]}, None, "invalid_value"),
     ("token id out of vocab", {"prompt": [10**9], "max_tokens": 2}, None, "invalid_value"),
     ("empty prompt", {"prompt": "", "max_tokens": 2}, None, "invalid_value"),
-    ("batched prompts", {"prompt": ["a", "b"]}, None, "unsupported_parameter"),
+    ("prompts x n over the limit", {"prompt": ["a"] * 65, "n": 2}, None, "invalid_value"),
+    ("one of the prompts empty", {"prompt": ["a", ""], "max_tokens": 2}, None, "invalid_value"),
     ("prompt over the model length", TOO_LONG, None, "context_length_exceeded"),
     ("min_tokens over max_tokens", {**OK_BODY, "min_tokens": 5}, None, "invalid_value"),
     ("logprobs over 20", {**OK_BODY, "logprobs": 21}, None, "invalid_value"),
@@ -125,7 +126,8 @@ CHAT_MALFORMED = [
     ("unknown role", {"messages": [{"role": "wizard", "content": "hi"}]}),
     ("content of wrong type", {"messages": [{"role": "user", "content": 5}]}),
     ("image content", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
-    ("tools", {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}),
+    ("tool without a function",
+     {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}),
 ]
 
 

@@ -23,7 +23,10 @@ SAMPLES = {
     "guided_regex": "[0-9]+", "guided_choice": ["a", "b"], "guided_grammar": 'start: "a"',
     "prompt": "Hello there", "echo": True, "suffix": "end", "logprobs": 2,
     "messages": [{"role": "user", "content": "Hello there"}], "max_completion_tokens": 5,
-    "add_generation_prompt": False, "tools": [{"type": "function"}], "top_logprobs": 2,
+    "add_generation_prompt": False, "top_logprobs": 2,
+    "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required",
+    "chat_template_kwargs": {"add_generation_prompt": False},
+    "include_stop_str_in_output": True,
 }  # fmt: skip
 CHAT_SAMPLES = {"logprobs": True}
 # fields that change no output, and why
@@ -71,8 +74,8 @@ def test_every_field_is_used_or_refused_by_name(preparer, body_type, name):
 
 
 @pytest.mark.parametrize("name, value", [
-    ("echo", True), ("tool_choice", "required"), ("chat_template_kwargs", {"x": 1}),
-    ("include_stop_str_in_output", True), ("use_beam_search", True), ("length_penalty", 2.0),
+    ("echo", True), ("functions", [{"name": "f"}]), ("function_call", "f"),
+    ("use_beam_search", True), ("length_penalty", 2.0),
     ("truncate_prompt_tokens", 5), ("reasoning_effort", "high"),
 ])  # fmt: skip
 def test_known_extra_fields_are_refused_by_name(preparer, name, value):

@@ -21,10 +21,12 @@ def test_chat_template_from_a_file_or_inline(tmp_path):
 
 def test_generation_config_auto_reads_the_model_directory(tmp_path):
     (tmp_path / "generation_config.json").write_text(json.dumps(
-        {"temperature": 0.6, "top_p": 0.9, "top_k": 20, "max_new_tokens": 64, "bos_token_id": 1}
+        {"temperature": 0.6, "top_p": 0.9, "top_k": 20, "max_new_tokens": 64, "bos_token_id": 1,
+         "min_p": 0.05, "repetition_penalty": 1.1, "do_sample": True}
     ))  # fmt: skip
     defaults = load_generation_defaults("auto", str(tmp_path))
-    assert defaults == {"temperature": 0.6, "top_p": 0.9, "top_k": 20, "max_tokens": 64}
+    assert defaults == {"temperature": 0.6, "top_p": 0.9, "top_k": 20, "max_tokens": 64,
+                        "min_p": 0.05, "repetition_penalty": 1.1}  # fmt: skip
     assert load_generation_defaults("vllm", str(tmp_path)) == {}
     assert load_generation_defaults(str(tmp_path), None) == defaults
 
@@ -70,6 +72,18 @@ def test_generation_defaults_fill_only_unset_fields(tokenizer):
     assert (params.temperature, params.top_k, params.max_tokens) == (0.6, 20, 7)
     params = prepare(p, CompletionRequest, prompt="Hello", temperature=0, max_tokens=3).params
     assert (params.temperature, params.top_k, params.max_tokens) == (0.0, 20, 3)
+
+
+def test_generation_defaults_of_min_p_and_repetition_penalty(tokenizer):
+    from superinfer.server.protocol import ChatCompletionRequest
+    from superinfer.server.serving_defaults import ServingDefaults
+
+    p = preparer(tokenizer, ServingDefaults(sampling={"min_p": 0.05, "repetition_penalty": 1.1}))
+    ask = [{"role": "user", "content": "hi"}]
+    params = prepare(p, ChatCompletionRequest, messages=ask).params
+    assert (params.min_p, params.repetition_penalty) == (0.05, 1.1)
+    params = prepare(p, ChatCompletionRequest, messages=ask, min_p=0.2, repetition_penalty=1).params
+    assert (params.min_p, params.repetition_penalty) == (0.2, 1.0)
 
 
 def test_chat_template_replaces_the_tokenizers(tokenizer):
