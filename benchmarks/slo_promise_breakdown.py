@@ -74,8 +74,7 @@ def breakdown(path: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("results", nargs="+", type=Path)
-    for path in parser.parse_args().results:
-        print(json.dumps(breakdown(path), indent=1))
+    print(json.dumps([breakdown(path) for path in parser.parse_args().results], indent=1))
 
 
 if __name__ == "__main__":

@@ -52,6 +52,8 @@ class EngineSnapshot:
     num_free_device_blocks: int = 0  # free now or once in-flight copies land
     num_free_host_blocks: int = 0
     running_blocks_by_class: Mapping[str | None, int] = field(default_factory=dict)
+    # the blocks each rotated-out request needs back on the device, summed by class
+    swapped_blocks_by_class: Mapping[str | None, int] = field(default_factory=dict)
     num_released_blocks: int = 0  # device blocks freed by requests that ended, in all
     release_blocks_per_s: float = 0.0  # of those, recently (the async engine's to add)
 
@@ -86,6 +88,7 @@ def build_snapshot(scheduler: Scheduler, transfer: TransferStats) -> EngineSnaps
         num_free_device_blocks=kv.device.num_free_blocks + kv.device.num_quarantined_blocks,
         num_free_host_blocks=kv.host.num_free_blocks,
         running_blocks_by_class=_blocks_by_class(scheduler),
+        swapped_blocks_by_class=swapped_blocks_by_class(scheduler),
         num_released_blocks=stats.num_released_blocks,
     )
 
@@ -94,6 +97,14 @@ def _blocks_by_class(scheduler: Scheduler) -> dict[str | None, int]:
     blocks: Counter[str | None] = Counter()
     for request in scheduler.running:
         blocks[request.slo.slo_class] += scheduler.kv.num_device_blocks_of(request)
+    return dict(blocks)
+
+
+def swapped_blocks_by_class(scheduler: Scheduler) -> dict[str | None, int]:
+    """The device blocks the rotated-out requests need to come back, by class."""
+    blocks: Counter[str | None] = Counter()
+    for request in scheduler.swapped:
+        blocks[request.slo.slo_class] += scheduler.kv.num_blocks_for(request.num_tokens)
     return dict(blocks)
 
 

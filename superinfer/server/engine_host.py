@@ -163,6 +163,7 @@ class EngineHost:
             num_free_device_blocks=snapshot.num_free_device_blocks,
             num_free_host_blocks=snapshot.num_free_host_blocks,
             running_blocks_by_class=snapshot.running_blocks_by_class,
+            swapped_blocks_by_class=snapshot.swapped_blocks_by_class,
             release_blocks_per_s=snapshot.release_blocks_per_s,
             prompt_tokens_per_s_by_class=self.admitted_tokens.rates(time.monotonic()),
         )  # fmt: skip

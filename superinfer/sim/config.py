@@ -85,6 +85,12 @@ class SimConfig:
         "reach the scheduler, its targets the requests --slo-classes puts in its classes "
         "(default: the built-in classes, which reserve nothing).",
     )
+    admission: bool = opt(
+        False,
+        "Refuse at arrival as `superinfer serve` does (425 when the shared estimate says a "
+        "request's TTFT target or deadline cannot be met, 429 on a full queue), learning the "
+        "estimate's correction from each first token; off: every servable request is served.",
+    )
     drain_timeout_s: float = opt(
         600.0, "Virtual seconds after the last arrival before unfinished requests are aborted."
     )

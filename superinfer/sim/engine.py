@@ -26,6 +26,7 @@ from superinfer.core.outputs import ModelOutput, SchedulerOutput
 from superinfer.core.request import Request
 from superinfer.core.scheduler import Scheduler
 from superinfer.core.step import StepBackend, StepLoop
+from superinfer.sim.admission import SimAdmission
 from superinfer.sim.events import EngineStep, Event, StepDone, StepLaunch
 from superinfer.sim.runner import SimModelRunner
 from superinfer.sim.transfer import SimTransferEngine
@@ -77,6 +78,7 @@ class SimEngine:
         is_pipelined: bool = True,
         check_invariants_every: int = 0,
         timeline_interval_s: float | None = None,
+        admission: SimAdmission | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.runner = runner
@@ -86,7 +88,9 @@ class SimEngine:
         self.timeline_interval_s = timeline_interval_s
         self.timeline: list[UsageSample] = []
         self.rejected: list[Request] = []
+        self.admission = admission  # None: every servable request is admitted
         self._inbox: list[Request] = []
+        self._last_step_end: float | None = None  # while busy: when the last step ended
         self.forwards = PredictedForwards(runner, transfer)
         self.steps = StepLoop(scheduler, transfer, self.forwards, is_pipelined)
         self._is_busy = False  # an engine event is in the heap
@@ -94,7 +98,10 @@ class SimEngine:
 
     # --- outside events -------------------------------------------------------------------
     def on_arrival(self, now: float, request: Request) -> Iterable[Event]:
-        if not self._is_servable(request):
+        if not self._is_servable(request) or (
+            self.admission is not None
+            and not self.admission.admit(now, request, self.scheduler, self._inbox)
+        ):
             self.rejected.append(request)
             return []
         self._inbox.append(request)
@@ -144,7 +151,7 @@ class SimEngine:
         """Without the pipeline: the forward of `output` ends at `now`."""
         self.forwards.now = now
         self.steps.finish_step(output)
-        self._after_update(now)
+        self._after_update(now, output)
         return [EngineStep(now)]
 
     def _after_schedule_pipelined(
@@ -162,14 +169,19 @@ class SimEngine:
         `now`."""
         self.forwards.now, self.forwards.fill_time = now, fill_time
         self.steps.finish_step(output)
-        self._after_update(now)
+        self._after_update(now, output)
         return [EngineStep(now)]
 
     def _idle(self) -> list[Event]:
         self._is_busy = False
+        self._last_step_end = None
         return []
 
-    def _after_update(self, now: float) -> None:
+    def _after_update(self, now: float, output: SchedulerOutput) -> None:
+        if self.admission is not None and self._last_step_end is not None:
+            self.admission.on_step(now, now - self._last_step_end, not output.is_empty,
+                                   self.scheduler)  # fmt: skip
+        self._last_step_end = now
         every = self.check_invariants_every
         if every and self.runner.counters.num_steps % every == 0:
             self.scheduler.check_invariants()

@@ -40,10 +40,13 @@ def records_of(run: SimRun) -> list[RequestRecord]:
     """One record per request of the workload: finished, aborted or rejected."""
     max_len = run.system.max_model_len
     rejected = {r.request_id for r in run.rejected}
+    admission = run.engine.admission
+    reasons = admission.reasons if admission is not None else {}
     records = []
     for request in run.requests:
         if request.request_id in rejected:
-            reason = "prompt_too_long" if request.num_prompt_tokens >= max_len else "slo_infeasible"
+            reason = "prompt_too_long" if request.num_prompt_tokens >= max_len else reasons.get(
+                request.request_id, "slo_infeasible")  # fmt: skip
             records.append(to_record(request, REJECTED, reason))
         elif request.status is RequestStatus.FINISHED_ABORTED or not request.is_finished:
             records.append(to_record(request, ABORTED))
@@ -76,7 +79,7 @@ def summarize(records: Sequence[RequestRecord]) -> dict[str, Any]:
         "num_rejected": att.num_rejected, "num_aborted": att.num_aborted,
         "ttft_attainment": att.ttft, "tpot_attainment": att.tpot,
         "tbt_token_attainment": att.tbt_token, "slo_attainment": att.all_met,
-        "goodput": att.goodput_rps, "output_throughput": num_output / duration if duration else None,
+        "precision": att.precision, "goodput": att.goodput_rps, "output_throughput": num_output / duration if duration else None,
         "request_throughput": att.num_finished / duration if duration else None,
         "duration_s": duration, **latency_summary(reports),
     }  # fmt: skip

@@ -10,6 +10,7 @@ from superinfer.config import CacheConfig
 from superinfer.core.factory import build_scheduler
 from superinfer.core.request import Request
 from superinfer.sampling_params import SamplingParams
+from superinfer.sim.admission import SimAdmission
 from superinfer.sim.config import SimConfig
 from superinfer.sim.engine import SimEngine
 from superinfer.sim.event_loop import EventLoop
@@ -157,9 +158,12 @@ def build_engine(system: SimSystem, loop: EventLoop) -> SimEngine:
         lambda transfer_id, end: loop.post(TransferDone(end, transfer_id)),
     )  # fmt: skip
     noise = None if system.noise.is_exact else StepNoise(system.noise, config.noise_seed)
+    admission = None
+    if config.admission:  # the server's bounds on the waiting queue (ServerConfig's defaults)
+        admission = SimAdmission(system.slo, system.predictor, 1024, 1 << 20)
     return SimEngine(
         scheduler, SimModelRunner(system.predictor, noise), transfer, pipeline,
-        config.check_invariants_every, config.timeline_interval_s,
+        config.check_invariants_every, config.timeline_interval_s, admission,
     )  # fmt: skip
 
 

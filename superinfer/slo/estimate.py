@@ -8,10 +8,10 @@ Pure Python over plain data: `EngineLoad` is built from the engine's published s
     first token = (compute + memory) / (1 - higher), times the learned correction
     compute     = (prompt tokens queued ahead + this prompt) x prefill cost per token
                   + one step per step's worth of those tokens
-    memory      = blocks the queue ahead and this request need beyond what is free (or can
-                  be taken from lower classes, and under a rotating policy from the same
-                  class as far as the host tier has room), over the rate at which
-                  finishing requests free device blocks
+    memory      = blocks the queue ahead, the rotated-out requests of this class and
+                  those above (they come back first) and this request need beyond what is
+                  free or can be taken from lower classes, over the rate at which finishing
+                  requests free device blocks
     higher      = the share of the engine's time that prefilling more important classes'
                   new arrivals takes (their recent prompt tokens per second x the prefill
                   cost per token): they will be served ahead of this request while it
@@ -65,6 +65,7 @@ class EngineLoad:
     num_free_device_blocks: int = 1 << 30
     num_free_host_blocks: int = 0
     running_blocks_by_class: Mapping[str | None, int] = field(default_factory=dict)
+    swapped_blocks_by_class: Mapping[str | None, int] = field(default_factory=dict)
     release_blocks_per_s: float = 0.0  # device blocks freed by finishing requests, recently
     prompt_tokens_per_s_by_class: Mapping[str | None, float] = field(default_factory=dict)
 
@@ -124,6 +125,7 @@ class Estimator:
         compute_s = num_prefill * load.prefill_s_per_token + num_steps * load.step_time_s
         num_needed = sum(_blocks(q.num_tokens, load.block_size) for q in ahead)
         num_needed += _blocks(num_prompt_tokens, load.block_size)
+        num_needed += self._num_blocks_by_rank(load.swapped_blocks_by_class, slo_class)[0]
         deficit = num_needed - self._num_available_blocks(load, slo_class)
         stretch = 1.0 / (1.0 - self._higher_share(load, slo_class))
         return FirstTokenEstimate(compute_s, _memory_wait_s(deficit, load), stretch)
@@ -141,17 +143,25 @@ class Estimator:
         return first_token_s + max(0, max_tokens - 1) * load.step_time_s
 
     def _num_available_blocks(self, load: EngineLoad, slo_class: str | None) -> int:
-        """Free device blocks, plus those the scheduler would take from running requests to
-        make room: all of a lower class's (it rotates them to the host tier, or drops them
-        for recompute when the host tier is full), and under a rotating policy the same
-        class's too, as far as the host tier has room."""
+        """Free device blocks, plus all of a lower class's running ones: the scheduler
+        rotates them to the host tier to make room, or drops them for recompute when it is
+        full. A request of the same class is never displaced to admit a new one sure to be
+        kept (ddps may, by urgency; the estimate does not count on it)."""
+        return load.num_free_device_blocks + self._num_blocks_by_rank(
+            load.running_blocks_by_class, slo_class)[1]  # fmt: skip
+
+    def _num_blocks_by_rank(
+        self, blocks_by_class: Mapping[str | None, int], slo_class: str | None
+    ) -> tuple[int, int]:
+        """(blocks of this class and those above, blocks of the classes below)."""
         rank = self.rank(slo_class)
-        num_lower = num_same = 0
-        for name, blocks in load.running_blocks_by_class.items():
-            other = self.rank(name)
-            num_lower += blocks if other > rank else 0
-            num_same += blocks if other == rank and load.is_preempt_by_swap else 0
-        return load.num_free_device_blocks + num_lower + min(num_same, load.num_free_host_blocks)
+        num_at_or_above = num_below = 0
+        for name, blocks in blocks_by_class.items():
+            if self.rank(name) > rank:
+                num_below += blocks
+            else:
+                num_at_or_above += blocks
+        return num_at_or_above, num_below
 
 
 def _blocks(num_tokens: int, block_size: int) -> int:

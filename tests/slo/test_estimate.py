@@ -57,17 +57,21 @@ def test_memory_bound_waits_for_blocks_to_be_released():
     assert ESTIMATOR.first_token(unknown, 100, None, 5.0).memory_s == UNKNOWN_MEMORY_WAIT_S
 
 
-def test_room_counts_lower_classes_and_under_rotation_the_same_class_as_the_host_allows():
+def test_room_counts_lower_classes_running_and_rotated_out_requests_ahead():
     common = {"num_free_device_blocks": 2, "num_free_host_blocks": 100,
                   "running_blocks_by_class": {"bronze": 30, "gold": 30}}  # fmt: skip
-    recompute = base(**common)
-    assert ESTIMATOR.first_token(recompute, 100, "gold", 5.0).memory_s == 0.0  # bronze rotates
-    assert ESTIMATOR.first_token(recompute, 100, "bronze", 5.0).memory_s > 0
-    rotating = base(is_preempt_by_swap=True, **common)
-    assert ESTIMATOR.first_token(rotating, 100, "bronze", 5.0).memory_s == 0.0
+    load = base(**common)
+    assert ESTIMATOR.first_token(load, 100, "gold", 5.0).memory_s == 0.0  # bronze makes room
+    assert ESTIMATOR.first_token(load, 100, "bronze", 5.0).memory_s > 0  # gold is not displaced
     no_host = base(**{**common, "num_free_host_blocks": 0, "is_preempt_by_swap": True})
     assert ESTIMATOR.first_token(no_host, 100, "gold", 5.0).memory_s == 0.0  # recomputed
-    assert ESTIMATOR.first_token(no_host, 100, "bronze", 5.0).memory_s > 0
+    # rotated-out requests of its class and above come back first; those below do not
+    released = {"release_blocks_per_s": 10.0, "num_free_device_blocks": 20}
+    alone = ESTIMATOR.first_token(base(**released), 100, "silver", 5.0)
+    behind = base(**released, swapped_blocks_by_class={"gold": 30, "silver": 10, "bronze": 99})
+    assert alone.memory_s == 0.0
+    assert ESTIMATOR.first_token(behind, 100, "silver", 5.0).memory_s == pytest.approx(
+        (7 + 40 - 20) / 10.0)
 
 
 def test_correction_converges_to_a_high_quantile_of_a_biased_clock():

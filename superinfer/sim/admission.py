@@ -1,0 +1,111 @@
+"""Admission in the simulator: the server's own `Admission` (slo/estimate.py's estimate,
+its learned correction, the 425 and 429 rules) over the load the simulated engine would
+publish, so a simulated run refuses what `superinfer serve` would and its results carry
+the same precision.
+
+What the real server measures, the simulated one takes from its own clock and predictor:
+the step time is the same moving average of steps that produced tokens, the prefill cost
+per token is the predictor's for a whole 512-token prompt (the warm-up times one), the
+release rate counts device blocks freed by ended requests over the same 20 s window, and
+each admitted request's first token teaches the correction as it does in the server.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from superinfer.core.request import Request
+from superinfer.core.scheduler import Scheduler
+from superinfer.core.step_time import BatchShape, StepTimePredictor, step_seconds
+from superinfer.engine.snapshot import swapped_blocks_by_class
+from superinfer.server.admission import Admission, Demand, Load
+from superinfer.server.errors import APIError
+from superinfer.slo.classes import SLOConfig
+from superinfer.slo.estimate import Queued, TokenRate
+
+_EMA_WEIGHT = 0.2  # as the async engine's step-time average
+_RELEASE_WINDOW_S = 20.0
+_PREFILL_PROBE_TOKENS = 512
+
+
+class SimAdmission:
+    """Decides at each arrival; learns from each first token."""
+
+    def __init__(self, slo: SLOConfig, predictor: StepTimePredictor, max_num_queued_reqs: int,
+                 max_num_queued_tokens: int) -> None:  # fmt: skip
+        self.slo = slo
+        self.admission = Admission(max_num_queued_reqs, max_num_queued_tokens, slo.class_names)
+        num = _PREFILL_PROBE_TOKENS
+        prefill = BatchShape(1, num, 0, 1, num * (num + 1) / 2, 0, 0)
+        self.prefill_s_per_token = step_seconds(predictor, prefill) / num
+        self.idle_step_s = step_seconds(predictor, BatchShape(1, 0, 1, 1, 0.0, 1, 0))
+        self.step_time_s = 0.0
+        self.admitted_tokens = TokenRate(_RELEASE_WINDOW_S)
+        self._releases: deque[tuple[float, int]] = deque()
+        self._estimates: dict[str, tuple[Request, float]] = {}  # no first token yet: raw s
+        self.reasons: dict[str, str] = {}  # refused request id -> the refusal's reason
+
+    def admit(self, now: float, request: Request, scheduler: Scheduler,
+              inbox: list[Request]) -> bool:  # fmt: skip
+        """The server's checks for `request` arriving at `now`; False: refused."""
+        targets = request.slo
+        demand = Demand(request.num_prompt_tokens, request.sampling_params.max_tokens,
+                        targets.slo_class, request.arrival_time + targets.ttft_s, 0.0)  # fmt: skip
+        slo_class = self.slo.get(targets.slo_class) if targets.slo_class else None
+        is_reject = slo_class is None or slo_class.reject_infeasible
+        try:
+            estimate = self.admission.check(
+                self.load(now, scheduler, inbox), demand, targets.max_latency_ms, is_reject,
+                targets.ttft_ms,
+            )  # fmt: skip
+        except APIError as error:
+            self.reasons[request.request_id] = error.code
+            return False
+        self.admitted_tokens.add(now, targets.slo_class, request.num_prompt_tokens)
+        self._estimates[request.request_id] = (request, estimate.raw_s)
+        return True
+
+    def load(self, now: float, scheduler: Scheduler, inbox: list[Request]) -> Load:
+        kv = scheduler.kv
+        waiting = [*scheduler.waiting, *inbox]
+        blocks: dict[str | None, int] = {}
+        for r in scheduler.running:
+            blocks[r.slo.slo_class] = blocks.get(r.slo.slo_class, 0) + kv.num_device_blocks_of(r)
+        is_busy = bool(scheduler.running) and self.step_time_s > 0
+        return Load(
+            queued=tuple(Queued(r.next_deadline(), r.num_uncomputed_tokens, r.slo.slo_class)
+                         for r in waiting),
+            step_time_s=self.step_time_s if is_busy else self.idle_step_s,
+            prefill_s_per_token=self.prefill_s_per_token,
+            num_batched_tokens=scheduler.config.max_num_batched_tokens,
+            is_queue_by_deadline=scheduler.policy.is_queue_by_deadline,
+            is_preempt_by_swap=scheduler.policy.is_preempt_by_swap, block_size=kv.block_size,
+            num_free_device_blocks=kv.device.num_free_blocks + kv.device.num_quarantined_blocks,
+            num_free_host_blocks=kv.host.num_free_blocks, running_blocks_by_class=blocks,
+            swapped_blocks_by_class=swapped_blocks_by_class(scheduler),
+            release_blocks_per_s=self._release_rate(now, scheduler.stats.num_released_blocks),
+            prompt_tokens_per_s_by_class=self.admitted_tokens.rates(now),
+        )  # fmt: skip
+
+    def on_step(self, now: float, step_s: float, has_tokens: bool, scheduler: Scheduler) -> None:
+        """A step of `step_s` ended at `now`: the step-time average, the release window and
+        the first tokens it brought."""
+        if has_tokens:
+            self.step_time_s = step_s if not self.step_time_s else (
+                self.step_time_s + _EMA_WEIGHT * (step_s - self.step_time_s))  # fmt: skip
+        self._release_rate(now, scheduler.stats.num_released_blocks)
+        for request_id, (request, raw_s) in list(self._estimates.items()):
+            first = request.first_token_time
+            if first is not None:
+                self.admission.observe(request.slo.slo_class, raw_s, first - request.arrival_time)
+            if first is not None or request.is_finished:
+                del self._estimates[request_id]
+
+    def _release_rate(self, now: float, num_released: int) -> float:
+        releases = self._releases
+        if not releases or releases[-1][0] < now:
+            releases.append((now, num_released))
+        while len(releases) > 2 and now - releases[0][0] > _RELEASE_WINDOW_S:
+            releases.popleft()
+        elapsed = now - releases[0][0]
+        return (num_released - releases[0][1]) / elapsed if elapsed > 0 else 0.0
