@@ -134,7 +134,7 @@ class RemoteReplicas:
         record = RequestRecord(
             prepared.request_id, prepared.slo.targets, arrival.monotonic,
             finished_time=time.monotonic(), outcome=ABORTED,
-            num_prompt_tokens=len(prepared.prompt_token_ids), finish_reason="abort",
+            num_prompt_tokens=prepared.num_prompt_tokens, finish_reason="abort",
         )  # fmt: skip
         report = slo_report(record)
         self.slo_log.write(log_line(record, report, arrival.wall, 502, REPLICA_FAILED,
@@ -200,7 +200,7 @@ def demand_of(
     targets, floor = prepared.slo.targets, 1e-3
     deadline = targets.max_latency_ms
     return Demand(
-        num_prompt_tokens=len(prepared.prompt_token_ids),
+        num_prompt_tokens=prepared.num_prompt_tokens,
         max_tokens=expected_tokens,
         ttft_s=max(floor, targets.ttft_s - elapsed_s),
         tbt_s=targets.tbt_s,
