@@ -37,12 +37,13 @@ import json
 import os
 import platform
 import shutil
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
+
+from common import free_port, offline_env, superinfer_source
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_HF = "/work/models/smollm2-135m-instruct-hf"
@@ -159,9 +160,6 @@ def write_tasks(folder: Path) -> None:
 
 
 # --- environment -------------------------------------------------------------------------
-def offline_env() -> dict[str, str]:
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
 def install_lmeval(venv: Path, log: Path) -> dict:
@@ -214,17 +212,8 @@ def versions(venv: Path) -> dict:
     return v
 
 
-def superinfer_source() -> str:
-    """Where the servers' `import superinfer` comes from (PYTHONPATH can point at a clean
-    `git archive` of a commit while the working tree is being edited)."""
-    return subprocess.run([sys.executable, "-c", "import superinfer; print(superinfer.__file__)"],
-                          capture_output=True, text=True, cwd="/").stdout.strip()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:

@@ -30,34 +30,23 @@ import os
 import platform
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
+from common import free_port, offline_env, superinfer_source
+
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_HF = "/work/models/smollm2-135m-instruct-hf"
 METRICS = ["ttft", "tpot", "itl", "e2el"]
 
 
-def offline_env(**extra: str) -> dict[str, str]:
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **extra}
 
 
-def superinfer_source() -> str:
-    """Where the servers' `import superinfer` comes from (PYTHONPATH can point at a clean
-    `git archive` of a commit while the working tree is being edited)."""
-    return subprocess.run([sys.executable, "-c", "import superinfer; print(superinfer.__file__)"],
-                          capture_output=True, text=True, cwd="/").stdout.strip()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_dataset(folder: Path, tokenizer_dir: str, num: int, max_prompt: int,
