@@ -38,7 +38,7 @@ from superinfer.engine.snapshot import EngineSnapshot, StepRecord
 from superinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from superinfer.sampling_params import SamplingParams
 from superinfer.slo import SLOTargets
-from superinfer.slo.estimate import Queued
+from superinfer.slo.estimate import Queued, ReleaseRate
 
 logger = logging.getLogger(__name__)
 
@@ -117,8 +117,8 @@ class AsyncEngine:
         self._commands: deque[Callable[[], None]] = deque()
         # adds queued, not yet in the scheduler: request id -> its place in the queue
         self._pending: dict[str, Queued] = {}
-        # (engine clock, device blocks released in all) at recent publishes: the release rate
-        self._releases: deque[tuple[float, int]] = deque()
+        # device blocks released per second by ended requests, over recent publishes
+        self._release_rate = ReleaseRate(_RELEASE_WINDOW_S)
         self._cond = threading.Condition()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -391,20 +391,11 @@ class AsyncEngine:
             snapshot, step_time_s=step_time_s,
             num_prompt_tokens=self._num_prompt_tokens,
             num_generation_tokens=self._num_generation_tokens,
-            release_blocks_per_s=self._release_rate(snapshot.num_released_blocks),
+            release_blocks_per_s=self._release_rate.update(
+                self.engine.clock(), snapshot.num_released_blocks),
         )  # fmt: skip
         with self._cond:
             self.snapshot = snapshot
-
-    def _release_rate(self, num_released: int) -> float:
-        """Device blocks freed per second by requests that ended, over the last window."""
-        now = self.engine.clock()
-        releases = self._releases
-        releases.append((now, num_released))
-        while len(releases) > 2 and now - releases[0][0] > _RELEASE_WINDOW_S:
-            releases.popleft()
-        elapsed = now - releases[0][0]
-        return (num_released - releases[0][1]) / elapsed if elapsed > 0 else 0.0
 
     def _deliver(self, items: list[tuple[str, RequestOutput | BaseException]]) -> None:
         if items and self._loop is not None and not self._loop.is_closed():

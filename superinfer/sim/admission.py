@@ -12,8 +12,6 @@ each admitted request's first token teaches the correction as it does in the ser
 
 from __future__ import annotations
 
-from collections import deque
-
 from superinfer.core.request import Request
 from superinfer.core.scheduler import Scheduler
 from superinfer.core.step_time import BatchShape, StepTimePredictor, step_seconds
@@ -21,7 +19,7 @@ from superinfer.engine.snapshot import swapped_blocks_by_class
 from superinfer.server.admission import Admission, Demand, Load
 from superinfer.server.errors import APIError
 from superinfer.slo.classes import SLOConfig
-from superinfer.slo.estimate import Queued, TokenRate
+from superinfer.slo.estimate import Queued, ReleaseRate, TokenRate
 
 _EMA_WEIGHT = 0.2  # as the async engine's step-time average
 _RELEASE_WINDOW_S = 20.0
@@ -41,7 +39,8 @@ class SimAdmission:
         self.idle_step_s = step_seconds(predictor, BatchShape(1, 0, 1, 1, 0.0, 1, 0))
         self.step_time_s = 0.0
         self.admitted_tokens = TokenRate(_RELEASE_WINDOW_S)
-        self._releases: deque[tuple[float, int]] = deque()
+        self.release_rate = ReleaseRate(_RELEASE_WINDOW_S)
+        self.release_blocks_per_s = 0.0
         self._estimates: dict[str, tuple[Request, float]] = {}  # no first token yet: raw s
         self.reasons: dict[str, str] = {}  # refused request id -> the refusal's reason
 
@@ -83,7 +82,7 @@ class SimAdmission:
             num_free_device_blocks=kv.device.num_free_blocks + kv.device.num_quarantined_blocks,
             num_free_host_blocks=kv.host.num_free_blocks, running_blocks_by_class=blocks,
             swapped_blocks_by_class=swapped_blocks_by_class(scheduler),
-            release_blocks_per_s=self._release_rate(now, scheduler.stats.num_released_blocks),
+            release_blocks_per_s=self.release_blocks_per_s,
             prompt_tokens_per_s_by_class=self.admitted_tokens.rates(now),
         )  # fmt: skip
 
@@ -93,19 +92,11 @@ class SimAdmission:
         if has_tokens:
             self.step_time_s = step_s if not self.step_time_s else (
                 self.step_time_s + _EMA_WEIGHT * (step_s - self.step_time_s))  # fmt: skip
-        self._release_rate(now, scheduler.stats.num_released_blocks)
+        self.release_blocks_per_s = self.release_rate.update(
+            now, scheduler.stats.num_released_blocks)
         for request_id, (request, raw_s) in list(self._estimates.items()):
             first = request.first_token_time
             if first is not None:
                 self.admission.observe(request.slo.slo_class, raw_s, first - request.arrival_time)
             if first is not None or request.is_finished:
                 del self._estimates[request_id]
-
-    def _release_rate(self, now: float, num_released: int) -> float:
-        releases = self._releases
-        if not releases or releases[-1][0] < now:
-            releases.append((now, num_released))
-        while len(releases) > 2 and now - releases[0][0] > _RELEASE_WINDOW_S:
-            releases.popleft()
-        elapsed = now - releases[0][0]
-        return (num_released - releases[0][1]) / elapsed if elapsed > 0 else 0.0

@@ -195,6 +195,23 @@ class TokenRate:
         return {name: total / self.window_s for name, total in totals.items()}
 
 
+class ReleaseRate:
+    """Device blocks freed per second by requests that ended, over the last `window_s`
+    seconds, from the engine's running count of released blocks."""
+
+    def __init__(self, window_s: float = 20.0) -> None:
+        self.window_s = window_s
+        self._samples: deque[tuple[float, int]] = deque()
+
+    def update(self, now: float, num_released: int) -> float:
+        samples = self._samples
+        samples.append((now, num_released))
+        while len(samples) > 2 and now - samples[0][0] > self.window_s:
+            samples.popleft()
+        elapsed = now - samples[0][0]
+        return (num_released - samples[0][1]) / elapsed if elapsed > 0 else 0.0
+
+
 class Correction:
     """Learned ratios of measured to estimated TTFT, per class.
 

@@ -13,6 +13,7 @@ from superinfer.slo.estimate import (
     EngineLoad,
     Estimator,
     Queued,
+    ReleaseRate,
     TokenRate,
 )
 
@@ -116,3 +117,10 @@ def test_token_rate_counts_the_window_by_class():
     rate.add(6.0, None, 50)
     assert rate.rates(9.0) == {"gold": 30.0, None: 5.0}
     assert rate.rates(12.0) == {"gold": 20.0, None: 5.0}  # the first fell out of the window
+
+
+def test_release_rate_is_blocks_freed_over_the_window():
+    rate = ReleaseRate(window_s=10.0)
+    assert rate.update(0.0, 0) == 0.0
+    assert rate.update(5.0, 50) == pytest.approx(10.0)
+    assert rate.update(20.0, 50) == pytest.approx(0.0)  # nothing freed in the last 15 s
