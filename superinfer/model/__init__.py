@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from superinfer.model.attention import AttentionMetadata, SeqEntry
 from superinfer.model.config import ModelConfig
-from superinfer.model.llama import LlamaForCausalLM
 
 __all__ = [
     "AttentionMetadata",
@@ -20,7 +18,16 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # the loader imports transformers (slow): only when asked for
+    # torch and transformers only when asked for: the registry and the config mapping stay
+    # importable without them (the simulator's profiles read them)
+    if name in ("AttentionMetadata", "SeqEntry"):
+        from superinfer.model import attention
+
+        return getattr(attention, name)
+    if name == "LlamaForCausalLM":
+        from superinfer.model.llama import LlamaForCausalLM
+
+        return LlamaForCausalLM
     if name in ("LoadedModel", "default_model_path", "load_model"):
         from superinfer.model import loader
 

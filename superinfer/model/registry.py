@@ -11,15 +11,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from superinfer.model.config import ModelConfig
 
+if TYPE_CHECKING:  # torch-free at run time: the simulator reads this table
+    from torch import Tensor
+
 HFConfigFn = Callable[[Mapping[str, Any]], ModelConfig]
 GGUFConfigFn = Callable[[Mapping[str, Any], Collection[str], Sequence[float] | None], ModelConfig]
-WeightsFn = Callable[[Iterable[tuple[str, Tensor]], ModelConfig], Iterable[tuple[str, Tensor]]]
+WeightsFn = Callable[
+    [Iterable[tuple[str, "Tensor"]], ModelConfig], Iterable[tuple[str, "Tensor"]]
+]
 
 
 @dataclass(frozen=True)

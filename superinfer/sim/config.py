@@ -53,7 +53,10 @@ class SimConfig:
         "gh200", "Hardware profile: gh200 (= gh200-144), gh200-96, h100-pcie5, h200, cpu."
     )
     model: str = opt(
-        "llama-3-8b", "Model profile: llama-3-8b, qwen2.5-32b, mixtral-8x7b, smollm2-135m."
+        "llama-3-8b",
+        "Model profile: llama-3-8b, qwen2.5-32b, mixtral-8x7b, smollm2-135m, qwen3-0.6b, "
+        "qwen3-30b-a3b, or a local Hugging Face model directory of any supported "
+        "architecture (its config.json, through the model registry).",
     )
     predictor: str = opt(
         "auto",

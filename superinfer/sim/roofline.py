@@ -27,11 +27,11 @@ class RooflinePredictor(StepTimePredictor):
         self._bytes_per_s = hardware.hbm_gbps * 1e9 * hardware.memory_efficiency
         m = model
         self._lm_head_bytes = m.vocab_size * m.hidden_size * m.bytes_per_param
-        dense_params = m.num_layers * m.num_attention_params_per_layer
+        dense_params = m.num_layers * m.num_attention_params_per_layer + m.num_dense_mlp_params
         self._dense_bytes = dense_params * m.bytes_per_param
-        self._expert_bytes = m.num_expert_params * m.bytes_per_param * m.num_layers
+        self._expert_bytes = m.num_expert_params * m.bytes_per_param * m.num_moe_layers
         self._linear_flops = 2 * (
-            dense_params + m.num_layers * m.num_experts_per_token * m.num_expert_params
+            dense_params + m.num_moe_layers * m.num_experts_per_token * m.num_expert_params
         )
 
     def num_experts_reached(self, num_tokens: int) -> float:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
-
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from superinfer.model.config import ModelConfig, hf_common
 from superinfer.model.registry import Architecture, register
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 _EXPERT = re.compile(r"\.block_sparse_moe\.experts\.(\d+)\.w([123])\.")
 _PROJ = {"1": "gate_proj", "2": "down_proj", "3": "up_proj"}

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
-
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from superinfer.model.config import ModelConfig, hf_common
 from superinfer.model.registry import Architecture, register
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 def phi3_config(cfg: Mapping[str, Any]) -> ModelConfig:
