@@ -296,7 +296,7 @@ class Scheduler:
             num_device_blocks=device.num_blocks,
             num_free_device_blocks=device.num_free_blocks + device.num_quarantined_blocks,
             num_demand_blocks=sum(
-                self.kv.num_blocks_for(r.num_tokens) for r in self.requests.values()
+                self.kv.num_blocks_held_for(r.num_tokens) for r in self.requests.values()
             ),
             host_usage=self.kv.host.usage,
             num_swapped_requests=len(self.swapped),

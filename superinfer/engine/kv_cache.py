@@ -12,8 +12,20 @@ from dataclasses import dataclass
 
 import torch
 
+from superinfer.model.config import ModelConfig
+
 GIB = 1 << 30
 NUM_KV = 2  # K and V
+
+
+def freeable_window(config: ModelConfig) -> int | None:
+    """The sliding window of every layer (the largest, if they differ), which lets the KV
+    manager free blocks out of it; None when some layer attends to the whole context
+    (Gemma 2/3's global layers) or none is windowed."""
+    windows = [config.window(layer) for layer in range(config.num_layers)]
+    if not windows or None in windows:
+        return None
+    return max(w for w in windows if w is not None)
 
 
 def bytes_per_block(

@@ -29,7 +29,7 @@ from superinfer.core.request import PLACEHOLDER, Request, RequestStatus
 from superinfer.core.step import StepBackend, StepLoop
 from superinfer.core.step_time import BatchShape, OnlineStepModel
 from superinfer.engine.detokenizer import IncrementalDetokenizer
-from superinfer.engine.kv_cache import KVCacheTiers, bytes_per_block
+from superinfer.engine.kv_cache import KVCacheTiers, bytes_per_block, freeable_window
 from superinfer.engine.load_report import log_loaded
 from superinfer.engine.model_runner import ModelRunner
 from superinfer.engine.native_memory import limit_malloc_arenas
@@ -205,8 +205,9 @@ class LLMEngine:
         # only when steps are shaped: nothing else reads it
         self.step_model = OnlineStepModel()
         self.scheduler = build_scheduler(
-            config.scheduler, config.cache, num_device_blocks, num_host_blocks, self.step_model
-        )
+            config.scheduler, config.cache, num_device_blocks, num_host_blocks, self.step_model,
+            sliding_window=freeable_window(self.model_config),
+        )  # fmt: skip
         self.runner = ModelRunner(
             loaded.model, self.kv_tiers, config.cache.block_size, self.device,
             eos_token_ids=self.eos_token_ids, seed=config.model.seed, transfer=self.transfer,

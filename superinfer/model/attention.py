@@ -16,9 +16,12 @@ its slot, then attends:
   the sequence is already cached.
 
 A sliding-window layer attends to the last `window` positions only (a key at k_pos is seen
-from q_pos when q_pos - window < k_pos <= q_pos, as transformers): its masks come from
-`AttentionMetadata.windowed(window)`, built once per step and window. Logit soft-capping
-(Gemma 2) runs attention in plain matmuls, since SDPA has no cap.
+from q_pos when q_pos - window < k_pos <= q_pos, as transformers): its metadata comes from
+`AttentionMetadata.windowed(window)`, built once per step and window, and lists each
+sequence's blocks from the first one a query of the step can see. Blocks before it are
+never gathered nor read, so the KV manager may free them (when every layer is windowed):
+their table entries are then placeholders (`superinfer.core.kv.FREED_BLOCK`). Logit soft-capping (Gemma 2)
+runs attention in plain matmuls, since SDPA has no cap.
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ class SeqEntry:
     """One sequence of a step, in packing order.
 
     Its query tokens sit at positions num_context_tokens .. num_tokens - 1; the KV of the
-    first num_context_tokens is already cached. `block_table` covers at least num_tokens.
+    first num_context_tokens is already cached. `block_table` covers at least num_tokens;
+    entries out of every layer's window may be placeholders (FREED_BLOCK).
     """
 
     num_query_tokens: int
@@ -53,13 +57,16 @@ class SeqEntry:
 
 @dataclass
 class DecodeBatch:
-    """The sequences of a step that have exactly one query token."""
+    """The sequences of a step that have exactly one query token.
+
+    Under a sliding window each sequence's table starts at the first block its query sees,
+    and token counts are from that block's first position."""
 
     tokens: slice | Tensor  # their rows in the packed step (a slice when contiguous)
     block_ids: Tensor  # (B * max_blocks,) block tables, padded with block 0
     seq_lens: Tensor  # (B,) tokens of each sequence, the query token included
     mask: Tensor  # (B, 1, 1, max_blocks * block_size) True for keys to attend to
-    is_windowed: bool = False  # a sliding window hides part of some sequence's context
+    key_starts: Tensor | None = None  # (B,) first key to attend to; None: all from 0
     _bias: Tensor | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -106,6 +113,8 @@ class AttentionMetadata:
     decode: DecodeBatch | None
     prefills: list[PrefillChunk]
     _windows: dict[int, AttentionMetadata] = field(default_factory=dict, repr=False)
+    _entries: Sequence[SeqEntry] = field(default=(), repr=False)
+    _block_size: int = 1
 
     @property
     def num_tokens(self) -> int:
@@ -115,10 +124,15 @@ class AttentionMetadata:
         """This step's metadata for a layer that sees only the last `window` positions."""
         if window is None:
             return self
+        if window not in self._windows and all(e.num_tokens <= window for e in self._entries):
+            self._windows[window] = self  # the window hides nothing in this step
         if window not in self._windows:
+            entries, block_size, device = self._entries, self._block_size, self.positions.device
+            starts = _token_starts(entries)
             self._windows[window] = replace(
-                self, decode=None if self.decode is None else _windowed_decode(self.decode, window),
-                prefills=[_windowed_prefill(p, window, self.positions.device) for p in self.prefills],
+                self, decode=_decode_batch(entries, starts, block_size, device, window),
+                prefills=[_prefill_chunk(e, s, block_size, device, window)
+                          for e, s in zip(entries, starts) if e.num_query_tokens > 1],
                 _windows={},
             )  # fmt: skip
         return self._windows[window]
@@ -150,6 +164,8 @@ class AttentionMetadata:
                 for e, s in zip(entries, starts)
                 if e.num_query_tokens > 1
             ],
+            _entries=entries,
+            _block_size=block_size,
         )
 
 
@@ -175,20 +191,36 @@ def _num_blocks(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
+def _first_block(query_pos: int, window: int | None, block_size: int) -> int:
+    """The first block holding a key that the query at `query_pos` sees."""
+    return 0 if window is None else max(0, query_pos - window + 1) // block_size
+
+
 def _decode_batch(
-    entries: Sequence[SeqEntry], starts: list[int], block_size: int, device: torch.device | str
+    entries: Sequence[SeqEntry],
+    starts: list[int],
+    block_size: int,
+    device: torch.device | str,
+    window: int | None = None,
 ) -> DecodeBatch | None:
     rows = [i for i, e in enumerate(entries) if e.num_query_tokens == 1]
     if not rows:
         return None
     seqs = [entries[i] for i in rows]
     token_rows = [starts[i] for i in rows]
-    max_blocks = max(_num_blocks(e.num_tokens, block_size) for e in seqs)
-    block_ids = [
-        list(e.block_table[:max_blocks]) + [0] * (max_blocks - len(e.block_table)) for e in seqs
-    ]
-    lengths = torch.tensor([e.num_tokens for e in seqs])
-    mask = torch.arange(max_blocks * block_size) < lengths.unsqueeze(1)  # (B, N)
+    # a window skips the blocks before the first one the query sees
+    firsts = [_first_block(e.num_tokens - 1, window, block_size) * block_size for e in seqs]
+    tables = [list(e.block_table[f // block_size :]) for e, f in zip(seqs, firsts)]
+    max_blocks = max(_num_blocks(e.num_tokens - f, block_size) for e, f in zip(seqs, firsts))
+    block_ids = [t[:max_blocks] + [0] * (max_blocks - len(t)) for t in tables]
+    lengths = torch.tensor([e.num_tokens - f for e, f in zip(seqs, firsts)])
+    keys = torch.arange(max_blocks * block_size)
+    mask = keys < lengths.unsqueeze(1)  # (B, N)
+    key_starts = None
+    if window is not None and any(e.num_tokens > window for e in seqs):
+        key_starts = torch.tensor([max(0, e.num_tokens - window) - f for e, f in zip(seqs, firsts)])
+        mask &= keys >= key_starts.unsqueeze(1)
+        key_starts = key_starts.to(device)
     contiguous = token_rows[-1] - token_rows[0] == len(token_rows) - 1
     tokens = (
         slice(token_rows[0], token_rows[-1] + 1)
@@ -200,43 +232,33 @@ def _decode_batch(
         block_ids=torch.tensor(block_ids, dtype=torch.long).view(-1).to(device),
         seq_lens=lengths.to(device),
         mask=mask.view(len(seqs), 1, 1, -1).to(device),
+        key_starts=key_starts,
     )
 
 
 def _prefill_chunk(
-    entry: SeqEntry, start: int, block_size: int, device: torch.device | str
+    entry: SeqEntry,
+    start: int,
+    block_size: int,
+    device: torch.device | str,
+    window: int | None = None,
 ) -> PrefillChunk:
     tokens = slice(start, start + entry.num_query_tokens)
-    if entry.num_context_tokens == 0:
-        return PrefillChunk(tokens, None, None)
-    num_blocks = _num_blocks(entry.num_tokens, block_size)
-    block_ids = torch.tensor(entry.block_table[:num_blocks], dtype=torch.long)
     query_pos = torch.arange(entry.num_context_tokens, entry.num_tokens).unsqueeze(1)
-    mask = torch.arange(num_blocks * block_size) <= query_pos  # (Tq, N) causal with offset
-    return PrefillChunk(tokens, block_ids.to(device), mask.to(device), entry.num_context_tokens)
-
-
-def _windowed_decode(batch: DecodeBatch, window: int) -> DecodeBatch:
-    if int(batch.seq_lens.max()) <= window:
-        return batch
-    keys = torch.arange(batch.mask.shape[-1], device=batch.mask.device)
-    visible = keys >= (batch.seq_lens - window).view(-1, 1, 1, 1)  # (B, 1, 1, N)
-    return DecodeBatch(batch.tokens, batch.block_ids, batch.seq_lens, batch.mask & visible,
-                       is_windowed=True)  # fmt: skip
-
-
-def _windowed_prefill(chunk: PrefillChunk, window: int, device: torch.device) -> PrefillChunk:
-    if chunk.num_context_tokens + chunk.num_query_tokens <= window:
-        return chunk
-    query_pos = torch.arange(chunk.num_query_tokens, device=device).unsqueeze(1)
-    query_pos = query_pos + chunk.num_context_tokens
-    if chunk.mask is None:  # the chunk's own keys, from position 0
-        keys = torch.arange(chunk.num_query_tokens, device=device)
+    if entry.num_context_tokens == 0:  # the chunk's own keys, from position 0
+        if window is None or entry.num_tokens <= window:
+            return PrefillChunk(tokens, None, None)
+        keys = torch.arange(entry.num_query_tokens)
         mask = (keys <= query_pos) & (keys > query_pos - window)  # (Tq, Tq)
-    else:
-        keys = torch.arange(chunk.mask.shape[-1], device=device)
-        mask = chunk.mask & (keys > query_pos - window)  # (Tq, N)
-    return replace(chunk, mask=mask)
+        return PrefillChunk(tokens, None, mask.to(device))
+    first = _first_block(entry.num_context_tokens, window, block_size)
+    num_blocks = _num_blocks(entry.num_tokens, block_size)
+    block_ids = torch.tensor(entry.block_table[first:num_blocks], dtype=torch.long)
+    keys = torch.arange(first * block_size, num_blocks * block_size)
+    mask = keys <= query_pos  # (Tq, N) causal with offset
+    if window is not None:
+        mask &= keys > query_pos - window
+    return PrefillChunk(tokens, block_ids.to(device), mask.to(device), entry.num_context_tokens)
 
 
 class GatherWorkspace:
@@ -348,11 +370,11 @@ def _decode_attention(
     attend: Scores,
 ) -> Tensor:
     """One query token per sequence: (T, H, D) -> (B, H, D)."""
-    plain = attend.softcap is None and not batch.is_windowed and kv_cache.device.type == "cpu"
+    plain = attend.softcap is None and kv_cache.device.type == "cpu"
     kernel = decode_kernel() if plain else None
     if kernel is not None and kernel.supports(kv_cache, q.shape[1]):
         return kernel(q[batch.tokens], kv_cache, layer, batch.block_tables, batch.seq_lens,
-                      attend.scale)  # fmt: skip
+                      attend.scale, batch.key_starts)  # fmt: skip
     num_seqs, num_kv_heads, head_dim = batch.num_seqs, kv_cache.shape[-2], kv_cache.shape[-1]
     k, v = _gather(kv_cache, layer, batch.block_ids, num_seqs, workspace)  # (B, Hkv, N, D)
     # the query heads that share a kv head become that head's query rows: no k/v repeat

@@ -48,7 +48,7 @@ class PagedDecodeKernel:
         self._fn = library.paged_decode_attention
         self._fn.restype = ctypes.c_int
         self._fn.argtypes = (
-            [_PTR, _PTR, _PTR, ctypes.c_int, _I64P, _I64P]
+            [_PTR, _PTR, _PTR, ctypes.c_int, _I64P, _I64P, _I64P]
             + [ctypes.c_int] * 8
             + [ctypes.c_float, ctypes.c_int]
         )
@@ -72,21 +72,28 @@ class PagedDecodeKernel:
         block_tables: Tensor,
         seq_lens: Tensor,
         scale: float | None = None,
+        key_starts: Tensor | None = None,
     ) -> Tensor:
         """q (B, H, D) -> (B, H, D). block_tables (B, max_blocks) and seq_lens (B,) int64;
-        `scale` multiplies q.k (default 1/sqrt(D))."""
+        `scale` multiplies q.k (default 1/sqrt(D)); `key_starts` (B,) int64: the first
+        token each sequence attends to (a sliding window; the blocks before are not read)."""
         _num_blocks, num_layers, _, block_size, num_kv_heads, head_dim = kv_cache.shape
         q = q.contiguous()
         num_seqs, num_heads = q.shape[0], q.shape[1]
         if q.dtype != kv_cache.dtype or block_tables.dtype != torch.int64:
             raise TypeError("q must have the cache's dtype and block tables must be int64")
-        if not (block_tables.is_contiguous() and seq_lens.is_contiguous()):
-            raise ValueError("block tables and sequence lengths must be contiguous")
+        starts = key_starts if key_starts is not None else seq_lens
+        if starts.dtype != torch.int64 or seq_lens.dtype != torch.int64:
+            raise TypeError("sequence lengths and key starts must be int64")
+        if not (block_tables.is_contiguous() and seq_lens.is_contiguous()
+                and starts.is_contiguous()):  # fmt: skip
+            raise ValueError("block tables, sequence lengths and key starts must be contiguous")
+        starts_ptr = None if key_starts is None else ctypes.cast(key_starts.data_ptr(), _I64P)
         out = torch.empty_like(q)
         status = self._fn(
             q.data_ptr(), kv_cache.data_ptr(), out.data_ptr(), _DTYPES[kv_cache.dtype],
             ctypes.cast(block_tables.data_ptr(), _I64P), ctypes.cast(seq_lens.data_ptr(), _I64P),
-            num_seqs, block_tables.shape[1], num_layers, layer, block_size, num_heads,
+            starts_ptr, num_seqs, block_tables.shape[1], num_layers, layer, block_size, num_heads,
             num_kv_heads, head_dim, scale or 1.0 / math.sqrt(head_dim), torch.get_num_threads(),
         )  # fmt: skip
         if status != 0:

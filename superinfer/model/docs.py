@@ -26,15 +26,22 @@ Every architecture runs the one shared decoder (`superinfer/model/decoder.py`): 
 (optionally 1 + weight), RoPE (default, linear, llama3, yarn, dynamic, as transformers
 computes them; GGUF `rope_freqs` factors), fused q/k/v and gate/up projections, a gated MLP
 or a mixture of experts (`superinfer/model/moe.py`, grouped matmuls), and the paged
-attention of `superinfer/model/attention.py` (sliding windows masked per layer; the CPU
-decode kernel for full-attention layers). The tests build tiny random models with
-transformers' own config classes and compare greedy tokens over 32 steps in float32,
+attention of `superinfer/model/attention.py` (on sliding-window layers, blocks out of the
+window are neither gathered nor read, by the CPU decode kernel too). The tests build tiny
+random models with transformers' own config classes and compare greedy tokens over 32
+steps in float32,
 batched with mixed lengths and chunked prefill (`tests/model/test_architectures.py`), and,
 for Mistral, Gemma 3 and Qwen3-MoE, through the engine under KV pressure with rotation.
 
 Not supported yet: partial rotary embeddings (Phi-4-mini), LongRoPE (Phi-3 128k), Gemma 3's
-vision tower (text only), GGUF files of the Gemma, Phi-3 and MoE families. Sliding windows
-mask keys out of the window; their blocks are not freed early.
+vision tower (text only), GGUF files of the Gemma, Phi-3 and MoE families.
+
+Sliding windows: when every layer is windowed (Mistral; Mixtral, Phi-3 or Qwen2 with a
+window on all layers), the KV blocks no future query can see are freed as decoding
+proceeds, so a long generation holds about window / block_size + 1 blocks in the device
+tier (`tests/model/test_sliding_window.py`, `tests/core/test_sliding_window.py`). Models
+with global layers (Gemma 2/3) keep every block: their global layers read the whole
+context; their local layers still skip the blocks out of the window.
 
 ## Quantization
 

@@ -111,8 +111,11 @@ def test_engine_under_kv_pressure_matches_transformers(name, policy, tmp_path_fa
 
     directory = _saved(name, tmp_path_factory)
     prompts = PROMPTS * 2
+    # Mistral frees the blocks out of its window (8): a sequence holds 3 blocks, not 14
+    num_device_blocks = 14 if name == "mistral" else 28
     llm = LLM(str(directory), dtype="float32", device="cpu", policy=policy, block_size=4,
-              num_device_blocks=28, max_model_len=56, check_invariants=True)  # fmt: skip
+              num_device_blocks=num_device_blocks, max_model_len=56,
+              check_invariants=True)  # fmt: skip
     try:
         params = SamplingParams(max_tokens=NUM_NEW_TOKENS, min_tokens=NUM_NEW_TOKENS,
                                 temperature=0.0)  # fmt: skip

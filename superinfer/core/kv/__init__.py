@@ -2,12 +2,13 @@
 
 from superinfer.core.kv.block_pool import BlockPool
 from superinfer.core.kv.errors import KVInvariantError, OutOfBlocksError
-from superinfer.core.kv.manager import TwoTierKVManager
+from superinfer.core.kv.manager import FREED_BLOCK, TwoTierKVManager
 from superinfer.core.kv.transfer import Direction, TransferEngine, TransferSpec
 
 __all__ = [
     "BlockPool",
     "Direction",
+    "FREED_BLOCK",
     "KVInvariantError",
     "OutOfBlocksError",
     "TransferEngine",

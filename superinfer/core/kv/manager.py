@@ -18,6 +18,22 @@ full and computed, so a swap-out copies only the dirty tail:
 A pairing is dropped when its device block's reference count reaches zero, so a reused
 device block gets a fresh shadow while the old one stays with the rotary request that
 owns it (copy-on-write). Blocks with copies in flight are quarantined by the pools.
+
+Sliding windows. When every layer of the model sees only the last `sliding_window`
+positions (a key at k_pos is seen from q_pos when q_pos - k_pos < window), a block whose
+positions all lie before `num_computed_tokens - window + 1` is out of reach of every future
+query. It is freed as soon as its request computes past it, and its table entry becomes
+FREED_BLOCK (the attention kernels never read it), so a long generation holds about
+window / block_size + 1 device blocks:
+
+    positions      0..3  4..7  8..11 12..15 16..   window 8, block 4, 15 tokens computed
+    device table   [ -1    -1   d2    d3    d4 ]   the next query (15) sees keys 8..15
+    host table     [ -1    -1   h2    h3 ]         after a swap-out: live blocks only
+
+Freeing drops only this request's reference: a block shared through the prefix cache stays
+with the other holders, and a freed block keeps its prefix hash in the pool's free list
+(its content is still the KV of that exact prefix), so prefix caching stays correct with
+no special case; a later request revives it on a hit or the pool evicts it on reuse.
 """
 
 from __future__ import annotations
@@ -31,6 +47,12 @@ from superinfer.core.kv.errors import KVInvariantError
 from superinfer.core.kv.transfer import Direction, TransferSpec
 from superinfer.core.request import Request, RequestStatus
 
+FREED_BLOCK = -1  # a table entry whose block was freed out of the sliding window
+
+
+def _live(blocks: Iterable[int]) -> list[int]:
+    return [block for block in blocks if block != FREED_BLOCK]
+
 
 @dataclass
 class BlockTables:
@@ -40,6 +62,7 @@ class BlockTables:
     host: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)  # prefix hash of each full block
     num_registered: int = 0  # leading device blocks already cached / written back
+    num_freed: int = 0  # leading entries freed out of the sliding window (FREED_BLOCK)
 
 
 @dataclass
@@ -51,6 +74,7 @@ class KVStats:
     num_writeback_blocks: int = 0
     num_prefix_query_tokens: int = 0  # all tokens of each request looked up (vLLM's queries)
     num_prefix_hit_tokens: int = 0
+    num_window_freed_blocks: int = 0  # device blocks freed out of the sliding window
 
 
 class TwoTierKVManager:
@@ -61,10 +85,14 @@ class TwoTierKVManager:
         block_size: int,
         enable_prefix_caching: bool = True,
         writeback_host_usage_limit: float = 0.9,
+        sliding_window: int | None = None,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
         self.block_size = block_size
+        self.sliding_window = sliding_window  # every layer's window; None: no freeing
         self.device = BlockPool(num_device_blocks, "device", enable_caching=enable_prefix_caching)
         self.host = BlockPool(num_host_blocks, "host")
         self.is_prefix_caching = enable_prefix_caching
@@ -87,8 +115,24 @@ class TwoTierKVManager:
         return self.tables.setdefault(request.request_id, BlockTables())
 
     def num_device_blocks_of(self, request: Request) -> int:
+        """Device blocks the request holds (freed window entries not counted)."""
         table = self.tables.get(request.request_id)
-        return len(table.device) if table else 0
+        return len(table.device) - table.num_freed if table and table.device else 0
+
+    def num_blocks_held_for(self, num_tokens: int) -> int:
+        """Device blocks a request of `num_tokens` holds once decoding: all of them, or
+        about a window's worth when blocks out of the window are freed."""
+        num_blocks = self.num_blocks_for(num_tokens)
+        if self.sliding_window is None:
+            return num_blocks
+        return min(num_blocks, self.num_blocks_for(self.sliding_window) + 1)
+
+    def _num_out_of_window(self, request: Request) -> int:
+        """Leading blocks no future query of `request` can see (all before the first key
+        visible from position num_computed_tokens)."""
+        if self.sliding_window is None:
+            return 0
+        return max(0, request.num_computed_tokens - self.sliding_window + 1) // self.block_size
 
     def block_table(self, request: Request) -> list[int]:
         return self._table(request).device
@@ -97,7 +141,8 @@ class TwoTierKVManager:
     def num_blocks_needed(self, request: Request, num_new_tokens: int) -> int:
         """Device blocks to add so that `num_new_tokens` more tokens have slots."""
         num_tokens = request.num_computed_tokens + num_new_tokens
-        return max(0, self.num_blocks_for(num_tokens) - self.num_device_blocks_of(request))
+        table = self.tables.get(request.request_id)
+        return max(0, self.num_blocks_for(num_tokens) - (len(table.device) if table else 0))
 
     def can_allocate(self, request: Request, num_new_tokens: int, num_keep_free: int = 0) -> bool:
         needed = self.num_blocks_needed(request, num_new_tokens)
@@ -147,18 +192,25 @@ class TwoTierKVManager:
 
     # --- after a forward ------------------------------------------------------------------
     def on_tokens_computed(self, request: Request) -> None:
-        """Register newly full, computed blocks in the prefix cache and write them back."""
+        """Register newly full, computed blocks in the prefix cache and write them back;
+        free the blocks the sliding window left behind."""
         table = self._table(request)
         num_full = min(request.num_computed_tokens // self.block_size, len(table.device))
-        if num_full <= table.num_registered:
-            return
-        self._extend_hashes(request, table)
-        for i in range(table.num_registered, num_full):
-            block = table.device[i]
-            self.device.cache_block(block, table.block_hashes[i])
-            if self.is_eager_writeback and block not in self.shadow_of:
-                self._plan_writeback(block)
-        table.num_registered = num_full
+        num_dead = min(self._num_out_of_window(request), len(table.device))
+        if num_full > table.num_registered:
+            self._extend_hashes(request, table)
+            for i in range(table.num_registered, num_full):
+                block = table.device[i]
+                self.device.cache_block(block, table.block_hashes[i])
+                if self.is_eager_writeback and i >= num_dead and block not in self.shadow_of:
+                    self._plan_writeback(block)
+            table.num_registered = num_full
+        if num_dead > table.num_freed:  # sliding window
+            dead = table.device[table.num_freed : num_dead]
+            self._free_device(dead)
+            table.device[table.num_freed : num_dead] = [FREED_BLOCK] * len(dead)
+            table.num_freed = num_dead
+            self.stats.num_window_freed_blocks += len(dead)
 
     def _plan_writeback(self, block: int) -> None:
         if self.host.num_free_blocks == 0 or self.host.usage >= self.writeback_host_usage_limit:
@@ -177,7 +229,7 @@ class TwoTierKVManager:
     def num_swap_out_copies(self, request: Request) -> int:
         """Blocks a swap-out must copy (those without a shadow)."""
         table = self._table(request)
-        computed = table.device[: self._num_computed_blocks(request)]
+        computed = _live(table.device[: self._num_computed_blocks(request)])
         return sum(1 for block in computed if block not in self.shadow_of)
 
     def can_swap_out(self, request: Request) -> bool:
@@ -186,7 +238,8 @@ class TwoTierKVManager:
     def num_blocks_freed_by_swap_out(self, request: Request) -> int:
         """Device blocks a swap-out would release (those not shared), some of them only
         once their copies land."""
-        return sum(1 for block in self._table(request).device if self.device.ref_counts[block] == 1)
+        blocks = _live(self._table(request).device)
+        return sum(1 for block in blocks if self.device.ref_counts[block] == 1)
 
     def swap_out(self, request: Request) -> None:
         """Move the request's computed KV to the host tier; its device blocks are released."""
@@ -194,7 +247,9 @@ class TwoTierKVManager:
         host_blocks, pairs = [], []
         for block in table.device[: self._num_computed_blocks(request)]:
             shadow = self.shadow_of.get(block)
-            if shadow is None:
+            if block == FREED_BLOCK:
+                shadow = FREED_BLOCK
+            elif shadow is None:
                 (shadow,) = self.host.allocate(1)
                 pairs.append((block, shadow))
             else:
@@ -202,39 +257,44 @@ class TwoTierKVManager:
             host_blocks.append(shadow)
         if pairs:
             self._plan(Direction.D2H, [d for d, _ in pairs], [h for _, h in pairs])
-        self._free_device(table.device)
+        self._free_device(_live(table.device))
         table.device, table.host = [], host_blocks
         table.num_registered = 0
         self.stats.num_swap_out_blocks += len(pairs)
 
     def is_swap_in_ready(self, request: Request) -> bool:
         """True once the copies into the request's host blocks have landed."""
-        return not any(self.host.is_inflight(block) for block in self._table(request).host)
+        return not any(self.host.is_inflight(block) for block in _live(self._table(request).host))
 
     def can_swap_in(self, request: Request, num_new_tokens: int, num_keep_free: int = 0) -> bool:
         """Room on the device for the request's KV and `num_new_tokens`, its copies landed."""
+        host = self._table(request).host
         num_tokens = request.num_computed_tokens + num_new_tokens
-        num_needed = self.num_blocks_for(num_tokens) + num_keep_free
+        num_new = max(0, self.num_blocks_for(num_tokens) - len(host))
+        num_needed = len(_live(host)) + num_new + num_keep_free
         return self.is_swap_in_ready(request) and num_needed <= self.device.num_free_blocks
 
     def swap_in(self, request: Request) -> TransferSpec | None:
         """Plan the copy of the request's KV back to fresh device blocks; re-pair shadows."""
         table = self._table(request)
-        host_blocks = table.host
-        device_blocks = self.device.allocate(len(host_blocks))
-        spec = self._plan(Direction.H2D, host_blocks, device_blocks) if host_blocks else None
+        host_blocks, live = table.host, _live(table.host)
+        allocated = iter(self.device.allocate(len(live)))
+        device_blocks = [b if b == FREED_BLOCK else next(allocated) for b in host_blocks]
+        spec = self._plan(Direction.H2D, live, _live(device_blocks)) if live else None
         num_full = request.num_computed_tokens // self.block_size
         for i, (host_block, device_block) in enumerate(zip(host_blocks, device_blocks)):
+            if host_block == FREED_BLOCK:
+                continue
             if i < num_full:  # the request's host reference becomes the pairing's
                 self.shadow_of[device_block] = host_block
             else:  # the tail will change: its host copy is stale once the copy lands
                 self.host.free([host_block])
         table.device, table.host = device_blocks, []
         self._extend_hashes(request, table)
-        for i in range(num_full):
+        for i in range(table.num_freed, num_full):
             self.device.cache_block(device_blocks[i], table.block_hashes[i])
         table.num_registered = num_full
-        self.stats.num_swap_in_blocks += len(host_blocks)
+        self.stats.num_swap_in_blocks += len(live)
         return spec
 
     # --- release --------------------------------------------------------------------------
@@ -243,9 +303,9 @@ class TwoTierKVManager:
         table = self.tables.get(request.request_id)
         if table is None:
             return
-        self._free_device(table.device)
-        self.host.free(table.host)
-        table.device, table.host, table.num_registered = [], [], 0
+        self._free_device(_live(table.device))
+        self.host.free(_live(table.host))
+        table.device, table.host, table.num_registered, table.num_freed = [], [], 0, 0
         if forget:
             del self.tables[request.request_id]
 
@@ -317,10 +377,16 @@ class TwoTierKVManager:
         device_refs: Counter[int] = Counter()
         host_refs: Counter[int] = Counter(self.shadow_of.values())
         for table in self.tables.values():
-            device_refs.update(table.device)
-            host_refs.update(table.host)
+            device_refs.update(_live(table.device))
+            host_refs.update(_live(table.host))
             if table.device and table.host:
                 raise KVInvariantError("a request holds blocks in both tiers")
+            blocks = table.device or table.host
+            num_freed = table.num_freed if blocks else 0
+            if _live(blocks[:num_freed]) or FREED_BLOCK in blocks[num_freed:]:
+                raise KVInvariantError("freed window entries are not the table's leading ones")
+            if num_freed and self.sliding_window is None:
+                raise KVInvariantError("blocks freed out of a window without a window")
         if any(self.device.ref_counts[block] == 0 for block in self.shadow_of):
             raise KVInvariantError("a free device block still has a shadow")
         self._check_refs(self.device, device_refs)

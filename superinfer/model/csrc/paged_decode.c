@@ -136,10 +136,14 @@ static void attend_partition(
 /* out[s][h][:] = softmax(q[s][h] . K_s^T * scale) V_s for every sequence s of the batch.
  * q, out: (num_seqs, num_heads, head_dim) contiguous, same dtype as the cache.
  * block_tables: (num_seqs, max_blocks) int64; seq_lens: (num_seqs,) int64, each >= 1.
+ * key_starts: NULL, or (num_seqs,) int64: sequence s attends to tokens [key_starts[s],
+ * seq_lens[s]) only (a sliding window); the blocks before are never read, so their table
+ * entries may be placeholders.
  * Returns 0, or -1 for shapes this kernel does not handle (the caller checks first). */
 int paged_decode_attention(
     const void *q, const void *kv_cache, void *out, int is_bf16, const int64_t *block_tables,
-    const int64_t *seq_lens, int num_seqs, int max_blocks, int num_layers, int layer,
+    const int64_t *seq_lens, const int64_t *key_starts, int num_seqs, int max_blocks,
+    int num_layers, int layer,
     int block_size, int num_heads, int num_kv_heads, int head_dim, float scale,
     int num_threads) {
     if (head_dim > MAX_HEAD_DIM || num_heads % num_kv_heads || num_heads / num_kv_heads > MAX_GROUP)
@@ -149,7 +153,8 @@ int paged_decode_attention(
     const int64_t layer_offset = layer * layer_size, v_offset = layer_size / 2;
     int max_parts = 1;
     for (int s = 0; s < num_seqs; s++) {
-        int parts = (int)((seq_lens[s] + PARTITION_TOKENS - 1) / PARTITION_TOKENS);
+        int64_t span = seq_lens[s] - (key_starts ? key_starts[s] : 0);
+        int parts = (int)((span + PARTITION_TOKENS - 1) / PARTITION_TOKENS);
         if (parts > max_parts) max_parts = parts;
     }
     const int group = num_heads / num_kv_heads;
@@ -168,7 +173,7 @@ int paged_decode_attention(
         int part = (int)(item % max_parts);
         int kv_head = (int)(item / max_parts % num_kv_heads);
         int seq = (int)(item / max_parts / num_kv_heads);
-        int begin = part * PARTITION_TOKENS;
+        int begin = (key_starts ? (int)key_starts[seq] : 0) + part * PARTITION_TOKENS;
         int end = begin + PARTITION_TOKENS;
         if (end > seq_lens[seq]) end = (int)seq_lens[seq];
         int64_t slot = ((int64_t)seq * num_heads + (int64_t)kv_head * group) * max_parts;
