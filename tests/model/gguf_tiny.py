@@ -3,6 +3,7 @@ named and laid out as llama.cpp's converter does (q/k rows permuted for Llama)."
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -29,10 +30,19 @@ def gguf_name(hf_name: str) -> str:
     return f"blk.{layer}.{_NAMES[part]}.{kind}"
 
 
-def write_gguf(model, path: Path, arch: str, qtype: GGMLQuantizationType) -> Path:
-    """Matrices in `qtype` (F32 for the rest), as llama.cpp would convert `model`."""
+def write_gguf(
+    model,
+    path: Path,
+    arch: str,
+    qtype: GGMLQuantizationType,
+    configure: Callable[[GGUFWriter], None] | None = None,
+) -> Path:
+    """Matrices in `qtype` (F32 for the rest), as llama.cpp would convert `model`;
+    `configure` may add metadata (a tokenizer, for llama.cpp) before the file is written."""
     c = model.config
     writer = GGUFWriter(str(path), arch)
+    if configure is not None:
+        configure(writer)
     writer.add_block_count(c.num_hidden_layers)
     writer.add_embedding_length(c.hidden_size)
     writer.add_feed_forward_length(c.intermediate_size)
