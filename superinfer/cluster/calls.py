@@ -3,7 +3,8 @@ it crosses processes, so no exceptions or live objects).
 
 Each generation call is a Ray Serve streaming call whose first item is a `Verdict`: the
 replica admitted the request (then its SSE events, or one `(status, body)` for a non-stream
-request, follow), or refused it with the `Refusal` its admission raised.
+request, follow), or refused it with the `Refusal` its admission raised. `demand_of` says
+what a request needs and promises: both routers rank replicas by it.
 """
 
 from __future__ import annotations
@@ -36,3 +37,21 @@ class Verdict:
     @property
     def is_admitted(self) -> bool:
         return self.refusal is None
+
+
+def demand_of(
+    prepared: PreparedRequest, expected_tokens: int, elapsed_s: float, arrival_wall: float
+) -> Demand:
+    """The request's needs and targets, as time left from now (its TTFT deadline, for a
+    queue ordered by deadline, in Unix time)."""
+    targets, floor = prepared.slo.targets, 1e-3
+    deadline = targets.max_latency_ms
+    return Demand(
+        num_prompt_tokens=prepared.num_prompt_tokens,
+        max_tokens=expected_tokens,
+        ttft_s=max(floor, targets.ttft_s - elapsed_s),
+        tbt_s=targets.tbt_s,
+        deadline_s=None if deadline is None else max(floor, deadline / 1000 - elapsed_s),
+        slo_class=targets.slo_class,
+        ttft_deadline=arrival_wall + targets.ttft_s,
+    )

@@ -18,7 +18,8 @@ from typing import Any
 from ray import serve
 
 from superinfer.cluster.calls import ReplicaCall, Verdict
-from superinfer.cluster.router import Refusal, ReplicaLoad, learned_factors, on_wall_clock
+from superinfer.cluster.load import replica_load
+from superinfer.cluster.router import Refusal, ReplicaLoad
 from superinfer.config import EngineConfig
 from superinfer.server.arrival import Arrival
 from superinfer.server.config import ServerConfig
@@ -79,18 +80,7 @@ class EngineReplica:
 
     def load(self) -> ReplicaLoad:
         """What this replica's admission estimates from (the router estimates with it)."""
-        host = self.state.host
-        snapshot = host.snapshot
-        if snapshot is None:
-            return ReplicaLoad(self.replica_id, reported_at=time.time())
-        admission, wall = host.admission, time.time()
-        return ReplicaLoad(
-            self.replica_id, on_wall_clock(host.load(), time.monotonic(), wall),
-            admission.class_order, learned_factors(admission.correction, admission.class_order),
-            admission.correction.floor_s, snapshot.num_running, snapshot.num_swapped,
-            snapshot.device_kv_usage, snapshot.host_kv_usage, host.config.max_num_queued_reqs,
-            host.config.max_num_queued_tokens, wall,
-        )  # fmt: skip
+        return replica_load(self.state.host, self.replica_id)
 
     def preparer_parts(self) -> tuple[Any, int, int]:
         """(tokenizer, vocab size, max model length): what the ingress validates against."""

@@ -30,15 +30,16 @@ from ray import serve
 from ray.exceptions import RayError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
-from superinfer.cluster.calls import ReplicaCall, Verdict
+from superinfer.cluster.calls import ReplicaCall, Verdict, demand_of
 from superinfer.cluster.exposition import merge_expositions
+from superinfer.cluster.failure import record_replica_failure
 from superinfer.cluster.registry import live_replicas
-from superinfer.cluster.router import Demand, merge_rejections
+from superinfer.cluster.router import merge_rejections
 from superinfer.config import EngineConfig
 from superinfer.server.app import build_app, prepare_request
 from superinfer.server.arrival import Arrival, IngressStamp, arrival_of
 from superinfer.server.config import ServerConfig
-from superinfer.server.errors import APIError, error_body, estimate_headers
+from superinfer.server.errors import APIError, estimate_headers
 from superinfer.server.front import DEAD, LOADING, READY, STOPPED, Front, Rejection
 from superinfer.server.generation import SSEResponse
 from superinfer.server.prepare import PreparedRequest, RequestPreparer
@@ -47,14 +48,12 @@ from superinfer.server.protocol import ChatCompletionRequest
 from superinfer.server.responses import DONE, sse
 from superinfer.server.serving_defaults import serving_defaults_of
 from superinfer.slo.classes import SLOConfig
-from superinfer.slo.metrics import ABORTED, RequestRecord, slo_report
-from superinfer.slo.record_log import SLOLog, TaggedSLOLog, log_line
+from superinfer.slo.record_log import SLOLog, TaggedSLOLog
 
 logger = logging.getLogger(__name__)
 
 VERDICT_TIMEOUT_S = 60.0  # routing plus admission; longer only when no replica is up
 METRICS_TIMEOUT_S = 5.0
-REPLICA_FAILED = "replica_failed"
 
 
 class RemoteReplicas:
@@ -130,18 +129,8 @@ class RemoteReplicas:
         self, prepared: PreparedRequest, arrival: Arrival, replica_id: str, error: BaseException
     ) -> dict[str, Any]:
         """Record a request whose replica died (its own record died with it); the error body."""
-        logger.warning("replica %s failed during %s: %r", replica_id, prepared.request_id, error)
-        record = RequestRecord(
-            prepared.request_id, prepared.slo.targets, arrival.monotonic,
-            finished_time=time.monotonic(), outcome=ABORTED,
-            num_prompt_tokens=prepared.num_prompt_tokens, finish_reason="abort",
-        )  # fmt: skip
-        report = slo_report(record)
-        self.slo_log.write(log_line(record, report, arrival.wall, 502, REPLICA_FAILED,
-                                    prepared.priority))  # fmt: skip
-        self.metrics.on_ended(report, record.num_prompt_tokens, 0, "abort", [])
-        message = f"the replica serving this request failed ({type(error).__name__}); retry it"
-        return error_body(502, message, REPLICA_FAILED)
+        return record_replica_failure(self.slo_log, self.metrics, prepared, arrival,
+                                      replica_id, error)  # fmt: skip
 
 
 class IngressState:
@@ -191,23 +180,8 @@ class IngressState:
     async def debug_report(self) -> dict[str, Any] | None:
         return None  # no engine here: tests read the replicas' reports through Ray
 
-
-def demand_of(
-    prepared: PreparedRequest, expected_tokens: int, elapsed_s: float, arrival_wall: float
-) -> Demand:
-    """The request's needs and targets, as time left from now (its TTFT deadline, for a
-    queue ordered by deadline, in Unix time)."""
-    targets, floor = prepared.slo.targets, 1e-3
-    deadline = targets.max_latency_ms
-    return Demand(
-        num_prompt_tokens=prepared.num_prompt_tokens,
-        max_tokens=expected_tokens,
-        ttft_s=max(floor, targets.ttft_s - elapsed_s),
-        tbt_s=targets.tbt_s,
-        deadline_s=None if deadline is None else max(floor, deadline / 1000 - elapsed_s),
-        slo_class=targets.slo_class,
-        ttft_deadline=arrival_wall + targets.ttft_s,
-    )
+    def routing_report(self) -> dict[str, Any] | None:
+        return None  # an ingress is not routed to
 
 
 async def generate_on_replicas(state: IngressState, request: Request, body_type: type) -> Response:

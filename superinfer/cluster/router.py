@@ -193,6 +193,46 @@ def rank_replicas(
 
 
 @dataclass(frozen=True)
+class _Routed:
+    replica_id: str
+    queued: Queued  # the request as it waits there (deadline on the Unix clock)
+    routed_at: float  # Unix time
+
+
+class RoutedSince:
+    """The requests a router sent to each replica and that have not completed: those sent
+    after the replica's last report are not in its reported load yet, so the router
+    queues them there itself (`unreported`), and a burst between two reports spreads out."""
+
+    MAX_OPEN, OPEN_TTL_S = 10_000, 600.0
+
+    def __init__(self) -> None:
+        self._open: dict[str, _Routed] = {}
+
+    def add(self, request_id: str, replica_id: str, demand: Demand, now: float) -> None:
+        self._open[request_id] = _Routed(replica_id, demand.as_queued(), now)
+
+    def remove(self, request_id: str, now: float) -> None:
+        self._open.pop(request_id, None)
+        if len(self._open) > self.MAX_OPEN:  # requests cancelled before they were sent
+            horizon = now - self.OPEN_TTL_S
+            self._open = {k: v for k, v in self._open.items() if v.routed_at > horizon}
+
+    def num_open(self, replica_id: str) -> int:
+        """Requests open on `replica_id` (what power-of-two choices compares)."""
+        return sum(1 for routed in self._open.values() if routed.replica_id == replica_id)
+
+    def unreported(self, loads: Sequence[ReplicaLoad]) -> dict[str, list[Queued]]:
+        """Open requests routed to each replica after its last report."""
+        reported_at = {load.replica_id: load.reported_at for load in loads}
+        sent: dict[str, list[Queued]] = {}
+        for routed in self._open.values():
+            if routed.routed_at > reported_at.get(routed.replica_id, math.inf):
+                sent.setdefault(routed.replica_id, []).append(routed.queued)
+        return sent
+
+
+@dataclass(frozen=True)
 class Refusal:
     """A replica's admission answer (an `APIError` as plain data, to cross processes)."""
 

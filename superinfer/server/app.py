@@ -1,5 +1,6 @@
 """The FastAPI app: OpenAI-compatible routes, vLLM's /tokenize, /detokenize and /version,
-/health, /metrics, and (for tests only) /debug/engine. Wrapped in `IngressStamp`, so every
+/health, /metrics, /superinfer/load (the load a router ranks this server by), and (for
+tests only) /debug/engine. Wrapped in `IngressStamp`, so every
 request's arrival is stamped before its body is read.
 """
 
@@ -40,11 +41,13 @@ from superinfer.server.tokenize import add_tokenizer_routes
 logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 16 << 20
+ROUTER_RETRIES = frozenset({425, 429, 503})  # refusals a router moves to another replica
 
 
 class AppState(Protocol):
     """What the routes read of a server: its `Front` and its lifecycle. `ServerState` (one
-    process, server/state.py) and the Ray Serve ingress's `IngressState` provide it."""
+    process, server/state.py), superinfer's router's `RouterState` (cluster/proxy.py) and the
+    Ray Serve ingress's `IngressState` provide it."""
 
     @property
     def front(self) -> Front: ...
@@ -62,6 +65,11 @@ class AppState(Protocol):
         """/debug/engine's report; None without an engine in this process."""
         ...
 
+    def routing_report(self) -> dict[str, Any] | None:
+        """`GET /superinfer/load`'s body (what a router ranks this server by); None where
+        this process has no engine or is not ready."""
+        ...
+
 
 S = TypeVar("S", bound=AppState)
 GenerateHandler = Callable[[S, Request, type], Awaitable[Response]]
@@ -69,7 +77,7 @@ GenerateHandler = Callable[[S, Request, type], Awaitable[Response]]
 
 def build_app(state: S, generate: GenerateHandler[S]) -> IngressStamp:
     """The ASGI app serving `state`; `generate` answers the two generation routes
-    (`generate_here` on this process's engine; the Ray Serve ingress runs them on replicas)."""
+    (`generate_here` on this process's engine; the routers run them on replicas)."""
     front = state.front
 
     @asynccontextmanager
@@ -133,6 +141,13 @@ def _add_info_routes(app: FastAPI, state: AppState) -> None:
     async def metrics() -> Response:
         return Response(await state.metrics_text(), media_type=CONTENT_TYPE_LATEST)
 
+    @app.get("/superinfer/load")
+    async def load() -> JSONResponse:
+        report = state.routing_report()
+        if report is None:
+            return JSONResponse({"phase": front.health[1]}, status_code=503)
+        return JSONResponse({"phase": front.health[1], **report})
+
 
 def _add_error_handlers(app: FastAPI, front: Front) -> None:
     """OpenAI-style bodies for the errors raised outside the routes, each logged once."""
@@ -171,7 +186,10 @@ async def generate_here(state: ServerState, request: Request, body_type: type) -
         prepared, expected_tokens = await prepare_request(front, request, body_type, rejection)
         choices = admit_choices(state.host, prepared, arrival, expected_tokens)
     except APIError as error:
-        front.reject(error, rejection)
+        if state.config.replica_id is None or error.status not in ROUTER_RETRIES:
+            front.reject(error, rejection)
+        else:  # the router tries another replica, and records the request once
+            front.log_refusal(error, rejection.request_id)
         return error.response()
     if prepared.stream:
         events = stream_choices(state, choices, prepared, is_chat)
@@ -186,31 +204,47 @@ def _aborter(state: ServerState, choices: list[Choice]) -> Callable[[], None]:
 
 
 async def prepare_request(
-    front: Front, request: Request, body_type: type, rejection: Rejection
+    front: Front,
+    request: Request,
+    body_type: type,
+    rejection: Rejection,
+    raw_body: bytes | None = None,
+    is_compiling_structured: bool = True,
 ) -> tuple[PreparedRequest, int]:
     """Auth, readiness, body, model and SLO checks (raise APIError); returns the prepared
     request and the output tokens the deadline estimate assumes. Fills `rejection` with
-    what is known, for the record of a request rejected later."""
+    what is known, for the record of a request rejected later. `raw_body`: the body, when
+    the caller read it (`read_body`); a router leaves the grammar to the replica."""
     front.check_auth(request.headers)
     front.check_ready()
-    body = _parse(body_type, await _read_json(request))
+    raw_body = await read_body(request) if raw_body is None else raw_body
+    body = _parse(body_type, _json_object(raw_body))
     rejection.request_id = body.request_id or rejection.request_id
     front.check_model(body.model)
     assert front.preparer is not None
     prepared = front.preparer.prepare(body, request.headers, rejection.arrival)
     rejection.targets, rejection.priority = prepared.slo.targets, prepared.priority
     rejection.num_prompt_tokens = prepared.num_prompt_tokens
-    if prepared.params.structured is not None:  # off the loop and off the engine thread
+    if is_compiling_structured and prepared.params.structured is not None:  # off the loop
         await asyncio.to_thread(front.preparer.compile_structured, prepared)
     return prepared, _expected_tokens(body, prepared)
 
 
 async def _read_json(request: Request) -> dict[str, Any]:
+    return _json_object(await read_body(request))
+
+
+async def read_body(request: Request) -> bytes:
+    """The request's body, at most MAX_BODY_BYTES (413 beyond)."""
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
         if len(body) > MAX_BODY_BYTES:
             raise APIError(413, f"the body exceeds {MAX_BODY_BYTES} bytes", "request_too_large")
+    return bytes(body)
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
     try:
         data = json.loads(body)
     except (ValueError, RecursionError):

@@ -13,6 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 ARRIVAL_KEY = "superinfer.arrival"
+# set by superinfer's router on the requests it forwards: the time they spent there, so a
+# replica's clock starts at the router's arrival (only ever earlier, so only ever stricter)
+ELAPSED_HEADER = "x-superinfer-elapsed-ms"
+_ELAPSED_KEY = ELAPSED_HEADER.encode()
+MAX_ELAPSED_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -36,7 +41,8 @@ class IngressStamp:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http":
-            arrival = Arrival(self.clock(), time.time())
+            elapsed_s = _elapsed_s(scope["headers"])
+            arrival = Arrival(self.clock() - elapsed_s, time.time() - elapsed_s)
             scope.setdefault("state", {})[ARRIVAL_KEY] = arrival
         await self.app(scope, receive, send)
 
@@ -45,3 +51,14 @@ def arrival_of(scope: dict[str, Any]) -> Arrival:
     """The stamp `IngressStamp` left (now, if the request bypassed it)."""
     arrival = scope.get("state", {}).get(ARRIVAL_KEY)
     return arrival if arrival is not None else Arrival(time.monotonic(), time.time())
+
+
+def _elapsed_s(headers: list[tuple[bytes, bytes]]) -> float:
+    """The router's elapsed time in `headers`, clipped to [0, MAX_ELAPSED_S]; else 0."""
+    for key, value in headers:
+        if key == _ELAPSED_KEY:
+            try:
+                return min(MAX_ELAPSED_S, max(0.0, float(value) / 1000))
+            except ValueError:
+                return 0.0
+    return 0.0

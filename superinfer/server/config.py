@@ -37,7 +37,7 @@ class ServerConfig:
     tool_call_parser: str = opt(
         "hermes",
         "How tool calls are written and parsed on /v1/chat/completions (vLLM's flag): hermes, "
-        "<tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>, the default model "
+        '<tool_call>{"name": ..., "arguments": ...}</tool_call>, the default model '
         "family's format. A chat template that ignores tools gets them in this format's "
         "system prompt. See docs/openai-api.md.",
         choices=["hermes"],
@@ -85,6 +85,12 @@ class ServerConfig:
     enable_log_requests: bool = opt(
         False,
         "Log each admitted request (id, prompt length, sampling params, SLO targets) at info.",
+    )
+    replica_id: str | None = opt(
+        None,
+        "Set by `--replicas N` on the servers it starts behind its router: tags their SLO "
+        "log lines and leaves the record of a refusal (425/429/503), which the router may "
+        "retry on another replica, to the router.",
     )
     uvicorn_log_level: str | None = opt(
         None,

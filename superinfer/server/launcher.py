@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Callable
 from types import FrameType
+from typing import Any, Protocol
 
 import uvicorn
 
@@ -22,10 +24,19 @@ from superinfer.slo.classes import SLOConfig
 logger = logging.getLogger(__name__)
 
 
+class Drainable(Protocol):
+    """What `DrainingServer` drains: the single server's state, or the router's."""
+
+    config: ServerConfig
+    on_fatal: Callable[[], None]
+
+    async def drain(self, timeout_s: float) -> None: ...
+
+
 class DrainingServer(uvicorn.Server):
     """uvicorn's server, with a drain between the first signal and the exit."""
 
-    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+    def __init__(self, config: uvicorn.Config, state: Drainable) -> None:
         super().__init__(config)
         self.state = state
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -74,9 +85,14 @@ def run_server(
     """Serve until a signal; returns the process exit code."""
     state = ServerState(server_config, engine_config, slo_config,
                         model_name_of(engine_config, server_config))  # fmt: skip
+    return serve_app(build_app(state, generate_here), state, server_config)
+
+
+def serve_app(app: Any, state: Any, server_config: ServerConfig) -> int:
+    """Serve `app` (over `state`, a `Drainable` with an `exit_code`) until a signal."""
     # log_config=None: uvicorn's lines go through the root logger (superinfer.logs's format)
     config = uvicorn.Config(
-        build_app(state, generate_here), host=server_config.host, port=server_config.port,
+        app, host=server_config.host, port=server_config.port,
         log_level=server_config.uvicorn_log_level or server_config.log_level, log_config=None,
         access_log=False, lifespan="on", timeout_graceful_shutdown=5, timeout_keep_alive=30,
     )  # fmt: skip

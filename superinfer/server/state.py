@@ -27,7 +27,7 @@ from superinfer.server.prepare import RequestPreparer
 from superinfer.server.prometheus import ServerMetrics
 from superinfer.server.serving_defaults import serving_defaults_of
 from superinfer.slo.classes import SLOConfig
-from superinfer.slo.record_log import SLOLog
+from superinfer.slo.record_log import SLOLog, TaggedSLOLog
 
 if TYPE_CHECKING:
     from superinfer.engine.llm_engine import LLMEngine
@@ -53,7 +53,10 @@ class ServerState:
         self.engine_config = engine_config
         self.slo_config = slo_config
         self.model_name = model_name
-        self.slo_log = slo_log if slo_log is not None else SLOLog(server_config.slo_log)
+        if slo_log is None:  # a replica behind superinfer's router tags its lines
+            replica, path = server_config.replica_id, server_config.slo_log
+            slo_log = TaggedSLOLog(path, replica) if replica else SLOLog(path)
+        self.slo_log = slo_log
         if metrics is None:  # this server's series, the engine's read from its snapshot
             metrics = ServerMetrics(model_name, self._snapshot, slo_config.class_names,
                                     engine_config)  # fmt: skip
@@ -138,6 +141,17 @@ class ServerState:
 
     async def debug_report(self) -> dict[str, Any] | None:
         return await self.host.debug_report()
+
+    def routing_report(self) -> dict[str, Any] | None:
+        """What a router in front of this server routes on (`GET /superinfer/load`): the
+        load its admission estimates from and the model's vocabulary size; None until
+        ready."""
+        from superinfer.cluster.load import replica_load  # the router's plain data
+
+        if self.front.preparer is None:
+            return None
+        load = replica_load(self.host, self.config.replica_id or "")
+        return {"load": load.to_stats(), "vocab_size": self.front.preparer.vocab_size}
 
     def abort(self, inflight: Inflight, reason: str) -> None:
         """Abort an admitted request unless it already ended (no-op then)."""
