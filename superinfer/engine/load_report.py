@@ -32,9 +32,15 @@ def log_loaded(engine: LLMEngine) -> None:
 
 def _model_line(engine: LLMEngine) -> str:
     config, mc, info = engine.config.model, engine.model_config, engine.checkpoint
-    quantization = "none" if info.quantization == "none" else (
-        f"{info.quantization} ({info.format}, dequantized to {_name(engine.dtype)} at load)"
-    )  # fmt: skip
+    if info.quantization == "none":
+        quantization = "none"
+    elif info.num_quantized_linears:  # the int4 kernel (model/quant.py) on the GGUF blocks
+        quantization = (f"{info.quantization} ({info.format}, {info.num_quantized_linears} "
+                        f"linear layers run quantized, int4 kernel; the rest in "
+                        f"{_name(engine.dtype)})")  # fmt: skip
+    else:
+        quantization = (f"{info.quantization} ({info.format}, dequantized to "
+                        f"{_name(engine.dtype)} at load)")  # fmt: skip
     return (
         f"Model: {info.path}: architecture {info.architecture}, {mc.num_layers} layers, "
         f"{mc.num_heads} heads ({mc.num_kv_heads} KV) of {mc.head_dim}, vocab {mc.vocab_size}; "
