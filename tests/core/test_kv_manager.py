@@ -171,14 +171,16 @@ class KVMachine(RuleBasedStateMachine):
         self.kv = make_kv(num_device=12, num_host=20)
         self.requests = []
         self.inflight: list[int] = []
+        self.num_made = 0  # prompts from this count, not a global one: replays draw alike
 
     def _with(self, status):
         return [r for r in self.requests if r.status is status]
 
     @rule(num_prompt=st.integers(1, 20), shared_prefix=st.booleans())
     def allocate(self, num_prompt, shared_prefix):
-        prompt = list(range(7, 7 + num_prompt)) if shared_prefix else None
-        request = make_request(num_prompt_tokens=num_prompt, prompt_token_ids=prompt)
+        self.num_made += 1
+        start = 7 if shared_prefix else 1000 * self.num_made  # unique unless shared
+        request = make_request(prompt_token_ids=list(range(start, start + num_prompt)))
         request.num_computed_tokens = self.kv.match_prefix(request)
         if self.kv.can_allocate(request, request.num_uncomputed_tokens):
             self.kv.allocate_slots(request, request.num_uncomputed_tokens)
