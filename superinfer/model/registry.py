@@ -20,9 +20,7 @@ if TYPE_CHECKING:  # torch-free at run time: the simulator reads this table
 
 HFConfigFn = Callable[[Mapping[str, Any]], ModelConfig]
 GGUFConfigFn = Callable[[Mapping[str, Any], Collection[str], Sequence[float] | None], ModelConfig]
-WeightsFn = Callable[
-    [Iterable[tuple[str, "Tensor"]], ModelConfig], Iterable[tuple[str, "Tensor"]]
-]
+WeightsFn = Callable[[Iterable[tuple[str, "Tensor"]], ModelConfig], Iterable[tuple[str, "Tensor"]]]
 
 
 @dataclass(frozen=True)

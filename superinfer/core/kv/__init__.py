@@ -6,9 +6,9 @@ from superinfer.core.kv.manager import FREED_BLOCK, TwoTierKVManager
 from superinfer.core.kv.transfer import Direction, TransferEngine, TransferSpec
 
 __all__ = [
+    "FREED_BLOCK",
     "BlockPool",
     "Direction",
-    "FREED_BLOCK",
     "KVInvariantError",
     "OutOfBlocksError",
     "TransferEngine",
