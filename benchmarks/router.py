@@ -154,7 +154,7 @@ def routing_run(args: argparse.Namespace, routing: str, repeat: int, tmp: Path) 
         subprocess.run([*SUPERINFER, "bench", "serve", "--base-url", server.url,
                         "--endpoint", "/v1/chat/completions", "--dataset-name", "sharegpt",
                         "--request-rate", str(args.rate), "--duration", str(args.duration),
-                        "--seed", str(args.seed), "--slo-classes", MIX, "--num-warmups", "2",
+                        "--seed", str(args.seed), *targets_args(args), "--num-warmups", "2",
                         "--save-result", "--result-dir", str(tmp), "--result-filename",
                         out.name, "--label", routing, "--disable-tqdm"],
                        cwd=REPO, env=offline_env(), check=True, stdout=subprocess.DEVNULL)  # fmt: skip
@@ -169,6 +169,13 @@ def routing_run(args: argparse.Namespace, routing: str, repeat: int, tmp: Path) 
             **{k: result.get(k) for k in keys}, "all_met_by_class": by_class}  # fmt: skip
 
 
+def targets_args(args: argparse.Namespace) -> list[str]:
+    """The bench client's SLO flags: the class mix, or one target pair for every request."""
+    if args.uniform:
+        return ["--ttft-slo-ms", "1000", "--tbt-slo-ms", "200"]
+    return ["--slo-classes", MIX]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tiny", type=int, default=60, help="tiny requests per path")
@@ -176,16 +183,21 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--uniform", action="store_true", help="every request TTFT 1 s / TBT "
+                        "200 ms instead of the gold/silver/bronze mix")  # fmt: skip
+    parser.add_argument("--skip-overhead", action="store_true")
     parser.add_argument("--ray", action="store_true", help="also Ray Serve's added latency")
     parser.add_argument("--skip-routing", action="store_true")
     parser.add_argument("--out", default=None, help="JSON summary path")
     args = parser.parse_args()
-    summary: dict[str, Any] = {"cpus": os.cpu_count(), "rate": args.rate, "mix": MIX,
+    mix = "uniform: TTFT 1 s, TBT 200 ms" if args.uniform else MIX
+    summary: dict[str, Any] = {"cpus": os.cpu_count(), "rate": args.rate, "mix": mix,
                                "duration": args.duration, "seed": args.seed}  # fmt: skip
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
-        summary["overhead"] = overhead(args, tmp)
-        print("overhead", json.dumps(summary["overhead"]), flush=True)
+        if not args.skip_overhead:
+            summary["overhead"] = overhead(args, tmp)
+            print("overhead", json.dumps(summary["overhead"]), flush=True)
         if args.ray:
             summary["ray_overhead"] = ray_overhead(args, tmp)
             print("ray overhead", json.dumps(summary["ray_overhead"]), flush=True)

@@ -1,6 +1,7 @@
 """`superinfer serve --replicas N` on one machine: N single-process servers on loopback
-ports, each its own process with `--replica-cpus` threads, behind superinfer's router
-(proxy.py) on the public host and port.
+ports, each its own process with `--replica-cpus` threads (and with `--device cuda` one
+GPU of those visible, in turn), behind superinfer's router (proxy.py) on the public host
+and port.
 
 The replicas run in their own sessions, so a Ctrl-C reaches the router alone; the router
 then stops them in order: it stops admitting, sends each replica SIGTERM (each drains its
@@ -60,22 +61,45 @@ def run_local_cluster(
         _stop_all(replicas, server.shutdown_timeout)
 
 
+def replica_gpu(index: int, device: str, visible: str | None) -> str | None:
+    """The CUDA_VISIBLE_DEVICES of replica `index`: one GPU each, in turn from those this
+    process sees (`visible`; all, by index, when unset); None off CUDA (left as it is)."""
+    if not device.startswith("cuda"):
+        return None
+    gpus = [gpu.strip() for gpu in visible.split(",") if gpu.strip()] if visible else []
+    return gpus[index % len(gpus)] if gpus else str(index)
+
+
 def _start_replica(
     server: ServerConfig, engine: EngineConfig, slo: SLOConfig, index: int, port: int
 ) -> BaseProcess:
     config = dataclasses.replace(
         server, host=REPLICA_HOST, port=port, replica_id=f"replica-{index}"
     )
+    gpu = replica_gpu(index, _device(engine), os.environ.get("CUDA_VISIBLE_DEVICES"))
     process = multiprocessing.get_context("spawn").Process(
-        target=_replica_main, args=(config, engine, slo, os.getpid()),
+        target=_replica_main, args=(config, engine, slo, os.getpid(), gpu),
         name=f"superinfer-replica-{index}",
     )  # fmt: skip
     process.start()
     return process
 
 
-def _replica_main(server: ServerConfig, engine: EngineConfig, slo: SLOConfig, parent: int) -> None:
+def _device(engine: EngineConfig) -> str:
+    """--device, with auto resolved as the engine resolves it (no CUDA context is made)."""
+    if engine.model.device != "auto":
+        return engine.model.device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _replica_main(
+    server: ServerConfig, engine: EngineConfig, slo: SLOConfig, parent: int, gpu: str | None
+) -> None:
     """A replica's process: the single server, in its own session, tied to its router."""
+    if gpu is not None:  # before anything initialises CUDA
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     from superinfer.logs import configure_logging
     from superinfer.server.launcher import run_server
 
