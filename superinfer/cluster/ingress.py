@@ -42,11 +42,10 @@ from superinfer.server.config import ServerConfig
 from superinfer.server.errors import APIError, estimate_headers
 from superinfer.server.front import DEAD, LOADING, READY, STOPPED, Front, Rejection
 from superinfer.server.generation import SSEResponse
-from superinfer.server.prepare import PreparedRequest, RequestPreparer
+from superinfer.server.prepare import PreparedRequest, server_preparer
 from superinfer.server.prometheus import ServerMetrics
 from superinfer.server.protocol import ChatCompletionRequest
 from superinfer.server.responses import DONE, sse
-from superinfer.server.serving_defaults import serving_defaults_of
 from superinfer.slo.classes import SLOConfig
 from superinfer.slo.record_log import SLOLog, TaggedSLOLog
 
@@ -157,15 +156,13 @@ class IngressState:
     async def boot(self) -> None:
         """Validate against the replicas' tokenizer; ready once one replica answered."""
         try:
-            tokenizer, vocab_size, max_model_len = await self.replicas.preparer_parts()
+            tokenizer, vocab_size, _ = await self.replicas.preparer_parts()  # same max length
         except Exception:
             logger.exception("the ingress could not reach a replica")
             self.front.phase = DEAD
             return
-        self.front.preparer = RequestPreparer(
-            tokenizer, vocab_size, max_model_len, self.slo_config,
-            serving_defaults_of(self.config, self.engine_config),
-        )  # fmt: skip
+        self.front.preparer = server_preparer(tokenizer, vocab_size, self.config,
+                                              self.engine_config, self.slo_config)  # fmt: skip
         if self.front.phase == LOADING:
             self.front.phase = READY
 

@@ -56,10 +56,9 @@ from superinfer.server.config import ServerConfig
 from superinfer.server.errors import APIError
 from superinfer.server.front import DEAD, DRAINING, LOADING, READY, STOPPED, Front, Rejection
 from superinfer.server.generation import SSEResponse
-from superinfer.server.prepare import PreparedRequest, RequestPreparer
+from superinfer.server.prepare import PreparedRequest, server_preparer
 from superinfer.server.prometheus import ServerMetrics
 from superinfer.server.responses import DONE, sse
-from superinfer.server.serving_defaults import serving_defaults_of
 from superinfer.slo.classes import SLOConfig
 from superinfer.slo.record_log import TaggedSLOLog
 
@@ -215,10 +214,8 @@ class RouterState:
             self.on_fatal()
             return
         vocab_size = self.replicas.live[0].vocab_size
-        self.front.preparer = RequestPreparer(
-            tokenizer, vocab_size, self.engine_config.scheduler.max_model_len, self.slo_config,
-            serving_defaults_of(self.config, self.engine_config),
-        )  # fmt: skip
+        self.front.preparer = server_preparer(tokenizer, vocab_size, self.config,
+                                              self.engine_config, self.slo_config)  # fmt: skip
         if self.front.phase == LOADING:
             self.front.phase = READY
             logger.info("Router ready on http://%s:%d: %d of %d replicas ready, %s routing",

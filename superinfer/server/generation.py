@@ -28,6 +28,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from superinfer.engine.async_engine import RequestStream
 from superinfer.outputs import CompletionOutput, RequestOutput
+from superinfer.sampling_params import SamplingParams
 from superinfer.server.arrival import Arrival
 from superinfer.server.errors import APIError, error_body, estimate_headers
 from superinfer.server.logprobs import (
@@ -36,7 +37,6 @@ from superinfer.server.logprobs import (
     completion_logprobs,
     prompt_logprobs_json,
 )
-from superinfer.sampling_params import SamplingParams
 from superinfer.server.prepare import PreparedRequest, Prompt
 from superinfer.server.responses import DONE, ResponseShape, sse, stable_end, usage_of
 from superinfer.server.state import Inflight, ServerState

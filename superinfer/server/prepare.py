@@ -14,15 +14,17 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from superinfer.config import EngineConfig
 from superinfer.sampling_params import SamplingParams
 from superinfer.server.arrival import Arrival
 from superinfer.server.chat_template import conversation_of, render_chat
+from superinfer.server.config import ServerConfig
 from superinfer.server.errors import APIError, bad_request
 from superinfer.server.logprobs import TokenTexts
 from superinfer.server.protocol import MAX_SEQUENCES, ChatCompletionRequest, CompletionRequest
-from superinfer.server.serving_defaults import ServingDefaults
-from superinfer.slo.binding import BoundSLO, bind_slo
+from superinfer.server.serving_defaults import ServingDefaults, serving_defaults_of
 from superinfer.server.tools import ToolParser, parser_named, tool_use_of
+from superinfer.slo.binding import BoundSLO, bind_slo
 from superinfer.slo.classes import SLOConfig
 from superinfer.structured import GrammarCompiler, StructuredOutput
 
@@ -92,6 +94,20 @@ class PreparedRequest:
     def num_prompt_tokens(self) -> int:
         """The tokens of all its prompts (usage counts each prompt once)."""
         return len(self.prompt_token_ids) + sum(len(p.token_ids) for p in self.more_prompts)
+
+
+def server_preparer(
+    tokenizer: Any,
+    vocab_size: int,
+    server_config: ServerConfig,
+    engine_config: EngineConfig,
+    slo_config: SLOConfig,
+) -> RequestPreparer:
+    """The preparer of a server (single, router or Ray ingress) over this model's tokenizer."""
+    return RequestPreparer(
+        tokenizer, vocab_size, engine_config.scheduler.max_model_len, slo_config,
+        serving_defaults_of(server_config, engine_config),
+    )  # fmt: skip
 
 
 class RequestPreparer:

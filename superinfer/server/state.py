@@ -23,9 +23,8 @@ from superinfer.server.engine_host import EngineHost, Inflight, default_engine_f
 from superinfer.server.front import DEAD, DRAINING, READY, STOPPED, WARMING_UP, Front
 from superinfer.server.log_limit import RateLimitedLog
 from superinfer.server.periodic_log import PeriodicLog
-from superinfer.server.prepare import RequestPreparer
+from superinfer.server.prepare import RequestPreparer, server_preparer
 from superinfer.server.prometheus import ServerMetrics
-from superinfer.server.serving_defaults import serving_defaults_of
 from superinfer.slo.classes import SLOConfig
 from superinfer.slo.record_log import SLOLog, TaggedSLOLog
 
@@ -98,11 +97,8 @@ class ServerState:
     def _preparer(self) -> RequestPreparer:
         assert self.host.engine is not None
         engine = self.host.engine.engine
-        return RequestPreparer(
-            engine.tokenizer, engine.model_config.vocab_size,
-            self.engine_config.scheduler.max_model_len, self.slo_config,
-            serving_defaults_of(self.config, self.engine_config),
-        )  # fmt: skip
+        return server_preparer(engine.tokenizer, engine.model_config.vocab_size, self.config,
+                               self.engine_config, self.slo_config)  # fmt: skip
 
     def _ready_line(self, seconds: float) -> str:
         snapshot = self._snapshot() or EngineSnapshot()
