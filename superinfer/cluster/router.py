@@ -12,10 +12,12 @@ class order and the TTFT correction it learned), so the router's figures are the
 - TTFT: `slo/estimate.py`'s estimate of this request's first token on that load, the
   requests routed to the replica since its report queued with it, times the replica's
   learned correction: what the replica's admission will expect (`Admission.check`);
-- end to end: that TTFT, then a step per further token (admission's `finish_s`);
 - time between tokens (the replicas estimate none): the current step time, scaled by the
   batch it will share: the running requests, those rotated out to the host tier, those
-  queued or routed since the last report, and this one, over the running ones.
+  queued or routed since the last report, and this one, over the running ones;
+- end to end: that TTFT, then that time between tokens per further token (admission's
+  `finish_s` on a step that holds the batch: a burst that joins one replica slows every
+  token there, not only its first, so it spreads even when no target is set).
 Slack is the smallest of (target - estimate) / target over the targets the request has,
 so a replica is better when its worst-threatened target has more room.
 """
@@ -152,7 +154,8 @@ def predict(load: ReplicaLoad, demand: Demand, unreported: Sequence[Queued] = ()
     ttft = load.expected_ttft_s(first.raw_s, demand.slo_class)
     batch = load.num_running + load.num_swapped + engine.num_queued + 1
     tbt = engine.step_time_s * batch / max(1, load.num_running)
-    return Prediction(ttft, tbt, estimator.finish_s(engine, ttft, demand.max_tokens))
+    shared = dataclasses.replace(engine, step_time_s=tbt)
+    return Prediction(ttft, tbt, estimator.finish_s(shared, ttft, demand.max_tokens))
 
 
 def slack(prediction: Prediction, demand: Demand) -> float:

@@ -85,7 +85,20 @@ def test_prediction_counts_the_queue_ahead_and_the_rotated_out():
     assert predict(busy, DEMAND).ttft_s == pytest.approx(700 * PREFILL + 2 * STEP)  # 2 steps
     assert predict(idle, DEMAND).tbt_s == STEP * 5 / 4  # joins a batch of 4
     assert predict(busy, DEMAND).tbt_s == STEP * 3  # 4 running, 4 rotated out, 3 queued, it
-    assert predict(idle, DEMAND).e2e_s == pytest.approx(predict(idle, DEMAND).ttft_s + 19 * STEP)
+    # every further token at the batch's pace
+    assert predict(idle, DEMAND).e2e_s == pytest.approx(predict(idle, DEMAND).ttft_s + 19 * STEP * 5 / 4)
+
+
+def test_a_burst_without_targets_spreads_even_when_one_replica_steps_faster():
+    """No targets: ranked by end to end. Idle replicas, one measured 30% faster steps: the
+    requests routed to it since its report slow all its tokens, so the burst spreads."""
+    demand = Demand(num_prompt_tokens=8, max_tokens=16)
+    loads = [_load("a", step_time_s=STEP * 0.7, num_running=0), _load("b", num_running=0)]
+    sent: dict[str, list[Queued]] = {"a": [], "b": []}
+    for _ in range(6):
+        best = rank_replicas(loads, demand, sent)[0]
+        sent[best].append(demand.as_queued())
+    assert len(sent["a"]) >= len(sent["b"]) >= 2
 
 
 def test_a_bronze_backlog_is_not_ahead_of_gold_on_the_replica_either():
