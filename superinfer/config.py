@@ -99,11 +99,17 @@ class SchedulerConfig:
             )
 
 
+CPU_DEVICE_KV_GIB = 0.125  # the device pool on a CPU when no size is given
+GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default, on a GPU when no size is given
+
+
 @dataclass
 class CacheConfig:
     block_size: int = opt(16, "Tokens per KV block.")
-    device_kv_gib: float = opt(
-        0.125, "Device-tier KV pool size in GiB (on a CPU the device tier is a capped pool)."
+    device_kv_gib: float | None = opt(
+        None,
+        "Device-tier KV pool size in GiB. Default: on a GPU, what --gpu-memory-utilization "
+        "leaves; on a CPU 0.125 (the device tier is a capped pool there).",
     )
     host_kv_gib: float = opt(
         0.125, "Host-tier KV pool size in GiB (rotation and swap space; committed at start)."
@@ -120,8 +126,9 @@ class CacheConfig:
     gpu_memory_utilization: float | None = opt(
         None,
         "Share of the GPU's memory this engine may use (weights, activations and KV cache), "
-        "as vLLM's flag; the device KV pool gets what the weights and activations leave. "
-        "GPU only: on a CPU the device pool is --device-kv-gib.",
+        "as vLLM's flag: the device KV pool gets what the weights and a profiled run of the "
+        "largest step leave. Default 0.9 on a GPU unless --device-kv-gib is given. GPU only: "
+        "on a CPU the device pool is --device-kv-gib.",
     )
     num_host_blocks: int | None = opt(
         None, "Host-tier pool size in blocks; overrides --host-kv-gib."
@@ -137,7 +144,7 @@ class CacheConfig:
     def __post_init__(self) -> None:
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
-        if self.device_kv_gib <= 0 or self.host_kv_gib < 0:
+        if (self.device_kv_gib is not None and self.device_kv_gib <= 0) or self.host_kv_gib < 0:
             raise ValueError("device_kv_gib must be > 0 and host_kv_gib >= 0")
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
             raise ValueError("kv_cache_memory_bytes must be > 0")
@@ -174,6 +181,19 @@ class ModelConfig:
         "to --dtype, auto is gguf where measured faster (docs/models.md).",
     )
     seed: int = opt(0, "Seed for requests that sample without their own seed.")
+    attention_backend: str = opt(
+        "auto",
+        "Who runs paged attention: auto (cpu on a CPU, triton on CUDA, else reference), cpu "
+        "(C kernel reading the cache in place), triton (one kernel for decode and prefill; "
+        "needs triton and CUDA), reference (gather + SDPA, every device). One that cannot run "
+        "here is declined with its reason in the log (docs/gpu.md).",
+        choices=["auto", "cpu", "triton", "reference"],
+    )
+    enforce_eager: bool = opt(
+        False,
+        "Run every step eagerly: no CUDA graphs for decode steps (on CUDA, decode-only steps "
+        "that fit a captured batch size replay a graph). No effect on a CPU.",
+    )
 
     def __post_init__(self) -> None:
         self.dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)

@@ -78,10 +78,6 @@ def add_vllm_flags(parser: argparse.ArgumentParser) -> None:
         help="deprecated in vLLM; requests are not logged unless --enable-log-requests",
     )  # fmt: skip
     group.add_argument(
-        "--enforce-eager", action="store_true", default=False,
-        help="superinfer runs every step eagerly (no CUDA graphs yet), so this changes nothing",
-    )  # fmt: skip
-    group.add_argument(
         "--kv-cache-dtype", default=None, metavar="DTYPE",
         help="only auto: the KV cache has the model's dtype",
     )  # fmt: skip

@@ -22,15 +22,17 @@ from typing import Any
 
 import torch
 
-from superinfer.config import EngineConfig
+from superinfer.config import CPU_DEVICE_KV_GIB, GPU_MEMORY_UTILIZATION, EngineConfig
 from superinfer.core.factory import build_scheduler
 from superinfer.core.outputs import ModelOutput, RequestUpdate, SchedulerOutput, TokenLogprobs
 from superinfer.core.request import PLACEHOLDER, Request, RequestStatus
 from superinfer.core.step import StepBackend, StepLoop
 from superinfer.core.step_time import BatchShape, OnlineStepModel
+from superinfer.engine.cuda_graphs import batch_sizes
 from superinfer.engine.detokenizer import IncrementalDetokenizer
 from superinfer.engine.kv_cache import KVCacheTiers, bytes_per_block, freeable_window
 from superinfer.engine.load_report import log_loaded
+from superinfer.engine.memory_profile import profile_step_bytes
 from superinfer.engine.model_runner import ModelRunner
 from superinfer.engine.native_memory import limit_malloc_arenas
 from superinfer.engine.snapshot import (
@@ -42,6 +44,7 @@ from superinfer.engine.snapshot import (
 )
 from superinfer.engine.transfer import create_transfer_engine
 from superinfer.engine.transfer.link_probe import measure_link
+from superinfer.model.attention_backend import select_backend
 from superinfer.model.dtype import resolve_dtype
 from superinfer.model.loader import load_model
 from superinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -194,7 +197,10 @@ class LLMEngine:
         self.tokenizer = loaded.tokenizer
         self.checkpoint = loaded.checkpoint
         self._check_model_len()
-        num_device_blocks, num_host_blocks = self._pool_sizes(dtype)
+        self.attention = select_backend(
+            config.model.attention_backend, config.cache.block_size, self.device
+        )
+        num_device_blocks, num_host_blocks = self._pool_sizes(dtype, loaded.model)
         self.kv_tiers = KVCacheTiers.allocate(
             num_device_blocks, num_host_blocks, self.model_config.num_layers,
             config.cache.block_size, self.model_config.num_kv_heads,
@@ -211,7 +217,11 @@ class LLMEngine:
         self.runner = ModelRunner(
             loaded.model, self.kv_tiers, config.cache.block_size, self.device,
             eos_token_ids=self.eos_token_ids, seed=config.model.seed, transfer=self.transfer,
+            attention_backend=self.attention,
+            graph_batch_sizes=self._graph_batch_sizes(),
+            max_blocks_per_seq=-(-config.scheduler.max_model_len // config.cache.block_size),
         )  # fmt: skip
+        self.runner.capture_graphs()  # before any request holds a block
         self._timed = _TimedRunner(self.runner, clock)
         self._steps = StepLoop(self.scheduler, self.transfer, self._timed, self.is_pipelined)
         self._step_observers: list[StepObserver] = []
@@ -230,13 +240,13 @@ class LLMEngine:
                 f"limit of {limit} positions"
             )
 
-    def _pool_sizes(self, dtype: torch.dtype) -> tuple[int, int]:
+    def _pool_sizes(self, dtype: torch.dtype, model: torch.nn.Module) -> tuple[int, int]:
         cache = self.config.cache
         mc = self.model_config
         block_bytes = bytes_per_block(
             mc.num_layers, cache.block_size, mc.num_kv_heads, mc.head_dim, dtype
         )
-        num_device = cache.num_device_blocks or int(self._device_pool_bytes() // block_bytes)
+        num_device = cache.num_device_blocks or int(self._device_pool_bytes(model) // block_bytes)
         num_host = cache.num_host_blocks
         if num_host is None:
             num_host = int(cache.host_kv_gib * 2**30 // block_bytes)
@@ -249,31 +259,46 @@ class LLMEngine:
             )
         return num_device, num_host
 
-    def _device_pool_bytes(self) -> float:
+    def _graph_batch_sizes(self) -> tuple[int, ...]:
+        """Decode batch sizes to capture CUDA graphs for: none on a CPU or when eager."""
+        if self.device.type != "cuda" or self.config.model.enforce_eager:
+            return ()
+        return batch_sizes(self.config.scheduler.max_num_seqs)
+
+    def _device_pool_bytes(self, model: torch.nn.Module) -> float:
         """Bytes of the device KV pool: --kv-cache-memory-bytes, else what
-        --gpu-memory-utilization leaves on a GPU, else --device-kv-gib."""
+        --gpu-memory-utilization leaves on a GPU, else --device-kv-gib, else on a GPU what
+        0.9 of its memory leaves and on a CPU 0.125 GiB."""
         cache = self.config.cache
         if cache.kv_cache_memory_bytes is not None:
             return cache.kv_cache_memory_bytes
-        if cache.gpu_memory_utilization is None:
-            return cache.device_kv_gib * 2**30
+        utilization = cache.gpu_memory_utilization
+        if utilization is None and cache.device_kv_gib is None and self.device.type == "cuda":
+            utilization = GPU_MEMORY_UTILIZATION
+        device_gib = CPU_DEVICE_KV_GIB if cache.device_kv_gib is None else cache.device_kv_gib
+        if utilization is None:
+            return device_gib * 2**30
         if self.device.type != "cuda":
             logger.warning(
                 "--gpu-memory-utilization sizes the KV pool from GPU memory and has no effect "
                 "on a CPU: the device pool is --device-kv-gib (%.3g GiB)",
-                cache.device_kv_gib,
+                device_gib,
             )
-            return cache.device_kv_gib * 2**30
-        return gpu_kv_budget(self.device, cache.gpu_memory_utilization, self._activation_bytes())
+            return device_gib * 2**30
+        return gpu_kv_budget(self.device, utilization, self._activation_bytes(model))
 
-    def _activation_bytes(self) -> int:
-        """Activation peak of the largest step (hidden states, MLP, logits), doubled for the
-        allocator's slack: an estimate until the GPU path profiles a real forward."""
-        mc, sched = self.model_config, self.config.scheduler
-        num_tokens = sched.max_num_batched_tokens
-        per_token = (4 * mc.hidden_size + 3 * mc.intermediate_size) * self.dtype.itemsize
-        logits = min(num_tokens, sched.max_num_seqs) * mc.vocab_size * 4
-        return 2 * (num_tokens * per_token + logits)
+    def _activation_bytes(self, model: torch.nn.Module) -> int:
+        """Peak of the largest step beyond the weights (activations, logits, sampling),
+        measured by running it (`memory_profile.py`)."""
+        sched = self.config.scheduler
+        num_bytes = profile_step_bytes(
+            model, self.attention, self.config.cache.block_size,
+            sched.max_num_batched_tokens, min(sched.max_num_batched_tokens, sched.max_num_seqs),
+            self.device,
+        )  # fmt: skip
+        logger.info("profiled the largest step (%d tokens): %.2f GiB of activations",
+                    sched.max_num_batched_tokens, num_bytes / 2**30)  # fmt: skip
+        return num_bytes
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:

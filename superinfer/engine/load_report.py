@@ -6,7 +6,6 @@ the two KV pools in blocks and tokens, and the scheduler.
 from __future__ import annotations
 
 import logging
-import os
 from typing import TYPE_CHECKING
 
 import torch
@@ -50,22 +49,25 @@ def _model_line(engine: LLMEngine) -> str:
 
 
 def _attention_line(engine: LLMEngine) -> str:
-    return f"Attention backend: {_attention_backend(engine)}; prefill: torch SDPA"
+    graphs = engine.runner.graphs
+    captured = (
+        "off" if graphs is None else f"{len(graphs.sizes)} decode sizes to {graphs.sizes[-1]}"
+    )
+    return f"Attention backend: {_attention_backend(engine)}; CUDA graphs: {captured}"
 
 
 def _attention_backend(engine: LLMEngine) -> str:
-    """Decode attention as `model.attention` will run it, and why."""
+    """Attention as the chosen backend (`attention_backend.py`) will run it, and why."""
+    name = engine.attention.name
     gathered = "torch SDPA over K/V gathered from the paged cache"
-    if engine.device.type != "cpu":
-        return f"decode: {gathered} (the in-place paged kernel is CPU-only)"
+    if name == "triton":
+        return "triton (one kernel for decode and prefill, reads K/V in place)"
+    if name == "reference":
+        return f"reference ({gathered}, decode and prefill)"
     kernel = decode_kernel()
-    if kernel is None:
-        is_off = os.environ.get("SUPERINFER_CPU_KERNELS") == "0"
-        why = "is off: SUPERINFER_CPU_KERNELS=0" if is_off else "could not be built, see above"
-        return f"decode: {gathered} (the CPU paged-decode kernel {why})"
     if not kernel.supports(engine.kv_tiers.device, engine.model_config.num_heads):
-        return f"decode: {gathered} (the CPU paged-decode kernel does not fit this dtype/heads)"
-    return "decode: CPU paged-decode kernel (csrc/paged_decode.c, reads K/V in place)"
+        return f"cpu: decode {gathered} (the C kernel does not fit this dtype/heads); prefill SDPA"
+    return "cpu (decode: csrc/paged_decode.c reads K/V in place; prefill: torch SDPA)"
 
 
 def _kv_line(engine: LLMEngine) -> str:

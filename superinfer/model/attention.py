@@ -29,12 +29,30 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from superinfer.model.cpu_attention import decode_kernel
+
+
+class StepMetadata(Protocol):
+    """What the model reads of any backend's step metadata (`attention_backend.py`)."""
+
+    positions: Tensor  # (T,) position of each token in its sequence
+    slot_blocks: Tensor  # (T,) cache block that receives each token's K/V
+    slot_offsets: Tensor  # (T,) offset inside that block
+    logits_indices: Tensor  # (S,) row of each sequence's last token
+
+    @property
+    def num_tokens(self) -> int: ...
+
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, kv_cache: Tensor, layer: int, *,
+        window: int | None = None, scale: float | None = None, softcap: float | None = None,
+    ) -> Tensor: ...  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -115,6 +133,32 @@ class AttentionMetadata:
     _windows: dict[int, AttentionMetadata] = field(default_factory=dict, repr=False)
     _entries: Sequence[SeqEntry] = field(default=(), repr=False)
     _block_size: int = 1
+    # who runs this step's attention (`attention_backend.py`); None: `paged_attention` with
+    # the CPU kernel where it runs, as a metadata built by hand in a test or benchmark
+    backend: Any = field(default=None, repr=False)
+    _workspace: GatherWorkspace | None = field(default=None, repr=False)
+
+    def attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        kv_cache: Tensor,
+        layer: int,
+        *,
+        window: int | None = None,
+        scale: float | None = None,
+        softcap: float | None = None,
+    ) -> Tensor:
+        """Cache k/v of the step's tokens in `layer` and attend (`paged_attention`'s
+        contract), through this step's backend."""
+        if self.backend is not None:
+            return self.backend.forward(q, k, v, kv_cache, layer, self, window=window,
+                                        scale=scale, softcap=softcap)  # fmt: skip
+        if self._workspace is None:
+            self._workspace = GatherWorkspace()
+        return paged_attention(q, k, v, kv_cache, layer, self, self._workspace,
+                               window=window, scale=scale, softcap=softcap)  # fmt: skip
 
     @property
     def num_tokens(self) -> int:
@@ -139,25 +183,20 @@ class AttentionMetadata:
 
     @classmethod
     def build(
-        cls, entries: Sequence[SeqEntry], block_size: int, device: torch.device | str
+        cls,
+        entries: Sequence[SeqEntry],
+        block_size: int,
+        device: torch.device | str,
+        backend: Any = None,
     ) -> AttentionMetadata:
         """Metadata for `entries` packed in the given order, with tensors on `device`."""
-        _check_entries(entries, block_size)
-        starts = _token_starts(entries)
-        positions = [p for e in entries for p in range(e.num_context_tokens, e.num_tokens)]
-        blocks = [
-            e.block_table[p // block_size]
-            for e in entries
-            for p in range(e.num_context_tokens, e.num_tokens)
-        ]
-        offsets = [p % block_size for p in positions]
-        logits_indices = [s + e.num_query_tokens - 1 for s, e in zip(starts, entries)]
-        per_token = torch.tensor([positions, blocks, offsets], dtype=torch.long).to(device)
+        per_token, logits_indices = token_rows(entries, block_size)
+        per_token, starts = per_token.to(device), _token_starts(entries)
         return cls(
             positions=per_token[0],
             slot_blocks=per_token[1],
             slot_offsets=per_token[2],
-            logits_indices=torch.tensor(logits_indices, dtype=torch.long).to(device),
+            logits_indices=logits_indices.to(device),
             decode=_decode_batch(entries, starts, block_size, device),
             prefills=[
                 _prefill_chunk(e, s, block_size, device)
@@ -166,7 +205,25 @@ class AttentionMetadata:
             ],
             _entries=entries,
             _block_size=block_size,
+            backend=backend,
         )
+
+
+def token_rows(entries: Sequence[SeqEntry], block_size: int) -> tuple[Tensor, Tensor]:
+    """On the host, for a step's packed tokens: (3, T) position, cache block and offset in
+    the block of each token (where its K/V goes), and (S,) the row of each sequence's last
+    token (whose logits are sampled). Checks the entries."""
+    _check_entries(entries, block_size)
+    positions = [p for e in entries for p in range(e.num_context_tokens, e.num_tokens)]
+    blocks = [
+        e.block_table[p // block_size]
+        for e in entries
+        for p in range(e.num_context_tokens, e.num_tokens)
+    ]
+    offsets = [p % block_size for p in positions]
+    logits_indices = [s + e.num_query_tokens - 1 for s, e in zip(_token_starts(entries), entries)]
+    return (torch.tensor([positions, blocks, offsets], dtype=torch.long),
+            torch.tensor(logits_indices, dtype=torch.long))  # fmt: skip
 
 
 def _check_entries(entries: Sequence[SeqEntry], block_size: int) -> None:
@@ -296,11 +353,13 @@ def paged_attention(
     window: int | None = None,
     scale: float | None = None,
     softcap: float | None = None,
+    use_kernel: bool = True,
 ) -> Tensor:
     """Cache k/v of the step's tokens, then attend. q (T, H, D), k/v (T, Hkv, D) -> (T, H, D).
 
     `window`: attend to the last `window` positions only; `scale` multiplies q.k (default
-    1/sqrt(D)); `softcap`: scores become softcap * tanh(scores / softcap)."""
+    1/sqrt(D)); `softcap`: scores become softcap * tanh(scores / softcap); `use_kernel`:
+    decode through the CPU kernel where it runs (False: gather + SDPA, the reference)."""
     write_kv(kv_cache, layer, k, v, meta)
     workspace = workspace or GatherWorkspace()
     meta = meta.windowed(window)
@@ -310,7 +369,7 @@ def paged_attention(
         for p in meta.prefills
     ]
     if meta.decode is not None:
-        o = _decode_attention(q, kv_cache, layer, meta.decode, workspace, attend)
+        o = _decode_attention(q, kv_cache, layer, meta.decode, workspace, attend, use_kernel)
         parts.append((meta.decode.tokens, o))
     if len(parts) == 1:  # one group holds every token, in order
         return parts[0][1]
@@ -320,7 +379,7 @@ def paged_attention(
     return out
 
 
-def write_kv(kv_cache: Tensor, layer: int, k: Tensor, v: Tensor, meta: AttentionMetadata) -> None:
+def write_kv(kv_cache: Tensor, layer: int, k: Tensor, v: Tensor, meta: StepMetadata) -> None:
     """Store k/v (T, Hkv, D) of each token in its cache slot of `layer`."""
     kv_cache[meta.slot_blocks, layer, :, meta.slot_offsets] = torch.stack((k, v), 1)
 
@@ -368,9 +427,10 @@ def _decode_attention(
     batch: DecodeBatch,
     workspace: GatherWorkspace,
     attend: Scores,
+    use_kernel: bool = True,
 ) -> Tensor:
     """One query token per sequence: (T, H, D) -> (B, H, D)."""
-    plain = attend.softcap is None and kv_cache.device.type == "cpu"
+    plain = use_kernel and attend.softcap is None and kv_cache.device.type == "cpu"
     kernel = decode_kernel() if plain else None
     if kernel is not None and kernel.supports(kv_cache, q.shape[1]):
         return kernel(q[batch.tokens], kv_cache, layer, batch.block_tables, batch.seq_lens,

@@ -3,7 +3,8 @@
 One class per layer kind; a `ModelConfig` turns on the variants of a family (q/k norms,
 Gemma's norms, sandwich norms, soft-capping, sliding windows, experts). Every forward takes
 the tokens of all sequences of a step packed back to back, (T,), with an
-`AttentionMetadata` that says how they are packed; there is no batch padding.
+`StepMetadata` that says how they are packed (built once per step by the attention
+backend, `attention_backend.py`); there is no batch padding.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from superinfer.model.attention import AttentionMetadata, GatherWorkspace, paged_attention
+from superinfer.model.attention import StepMetadata
 from superinfer.model.config import ModelConfig
 from superinfer.model.moe import MoE
 from superinfer.model.rotary import RotaryEmbedding, apply_rotary
@@ -40,9 +41,9 @@ class RMSNorm(nn.Module):
 class Attention(nn.Module):
     """Grouped-query attention with one fused q/k/v projection."""
 
-    def __init__(self, config: ModelConfig, layer: int, workspace: GatherWorkspace) -> None:
+    def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
-        self.layer, self.workspace = layer, workspace
+        self.layer = layer
         self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
         self.head_dim = config.head_dim
         qkv_size = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
@@ -62,7 +63,7 @@ class Attention(nn.Module):
         x: Tensor,
         rotations: tuple[Tensor, Tensor],
         kv_cache: Tensor,
-        meta: AttentionMetadata,
+        meta: StepMetadata,
     ) -> Tensor:
         num_tokens, num_qk_heads = x.shape[0], self.num_heads + self.num_kv_heads
         rotation = rotations[self.is_local_rope]  # (T, 1, D/2)
@@ -77,18 +78,9 @@ class Attention(nn.Module):
             qk = apply_rotary(qk, rotation)
             q, k = qk.split([self.num_heads, self.num_kv_heads], 1)  # (T, H, D), (T, Hkv, D)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
-        o = paged_attention(
-            q,
-            k,
-            v,
-            kv_cache,
-            self.layer,
-            meta,
-            self.workspace,
-            window=self.window,
-            scale=self.scale,
-            softcap=self.softcap,
-        )
+        # through the step's attention backend (`attention_backend.py`)
+        o = meta.attend(q, k, v, kv_cache, self.layer, window=self.window, scale=self.scale,
+                        softcap=self.softcap)  # fmt: skip
         return self.o_proj(o.flatten(1))  # (T, C)
 
 
@@ -114,11 +106,11 @@ def activation(name: str):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer: int, workspace: GatherWorkspace) -> None:
+    def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
         eps, offset, size = config.rms_norm_eps, config.norm_offset, config.hidden_size
         self.input_layernorm = RMSNorm(size, eps, offset)
-        self.self_attn = Attention(config, layer, workspace)
+        self.self_attn = Attention(config, layer)
         # pre-MLP norm (Llama); the norm of the attention output in a sandwich (Gemma 2/3)
         self.post_attention_layernorm = RMSNorm(size, eps, offset)
         self.sandwich = config.sandwich_norm
@@ -133,7 +125,7 @@ class DecoderLayer(nn.Module):
         residual: Tensor | None,
         rotations: tuple[Tensor, Tensor],
         kv_cache: Tensor,
-        meta: AttentionMetadata,
+        meta: StepMetadata,
     ) -> tuple[Tensor, Tensor]:
         """Returns (this layer's MLP output, residual stream before adding it). Adds into
         `residual` in place: it is the stream's own buffer (the embedding output at first)."""
@@ -158,14 +150,11 @@ class DecoderModel(nn.Module):
             self.local_rotary = RotaryEmbedding(
                 config.head_dim, config.local_rope_theta, config.local_rope_scaling
             )
-        workspace = GatherWorkspace()  # shared by all layers
-        self.layers = nn.ModuleList(
-            DecoderLayer(config, i, workspace) for i in range(config.num_layers)
-        )
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.norm_offset)
 
     def forward(
-        self, input_ids: Tensor, positions: Tensor, kv_cache: Tensor, meta: AttentionMetadata
+        self, input_ids: Tensor, positions: Tensor, kv_cache: Tensor, meta: StepMetadata
     ) -> Tensor:
         x, residual = self.embed_tokens(input_ids), None  # (T, C)
         if self.embedding_scale is not None:  # in the model's dtype, as transformers
@@ -198,7 +187,7 @@ class DecoderForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(
-        self, input_ids: Tensor, positions: Tensor, kv_cache: Tensor, meta: AttentionMetadata
+        self, input_ids: Tensor, positions: Tensor, kv_cache: Tensor, meta: StepMetadata
     ) -> Tensor:
         """Hidden states (T, C) of a step's packed tokens; caches their K/V in `kv_cache`
         (num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim)."""

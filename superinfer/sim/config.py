@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from superinfer.config import CacheConfig, SchedulerConfig, opt
+from superinfer.config import CPU_DEVICE_KV_GIB, CacheConfig, SchedulerConfig, opt
 from superinfer.sim.hardware import GIB, HardwareProfile, get_hardware
 from superinfer.sim.models import get_model
 from superinfer.slo.classes import load_slo_config
@@ -142,7 +142,7 @@ class SimConfig:
         if name == "host_kv_gib":
             return profile_host_kv_gib(hardware)
         if any(value is not None for value in pool.values()):  # the engine's precedence
-            return next(f.default for f in fields(CacheConfig) if f.name == "device_kv_gib")
+            return CPU_DEVICE_KV_GIB
         return hardware.num_device_kv_bytes(model.weight_bytes) / GIB  # exact: GIB is 2**30
 
     def _check(self) -> None:

@@ -6,7 +6,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from superinfer.config import CacheConfig
+from superinfer.config import CPU_DEVICE_KV_GIB, CacheConfig
 from superinfer.core.factory import build_scheduler
 from superinfer.core.request import Request
 from superinfer.sampling_params import SamplingParams
@@ -94,7 +94,7 @@ def device_pool_bytes(cache: CacheConfig, hardware: HardwareProfile, weight_byte
     if cache.gpu_memory_utilization is not None:
         share = cache.gpu_memory_utilization
         return replace(hardware, gpu_memory_utilization=share).num_device_kv_bytes(weight_bytes)
-    return cache.device_kv_gib * GIB
+    return (CPU_DEVICE_KV_GIB if cache.device_kv_gib is None else cache.device_kv_gib) * GIB
 
 
 def step_noise(config: SimConfig, predictor: StepTimePredictor) -> NoiseParams:

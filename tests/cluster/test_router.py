@@ -86,7 +86,9 @@ def test_prediction_counts_the_queue_ahead_and_the_rotated_out():
     assert predict(idle, DEMAND).tbt_s == STEP * 5 / 4  # joins a batch of 4
     assert predict(busy, DEMAND).tbt_s == STEP * 3  # 4 running, 4 rotated out, 3 queued, it
     # every further token at the batch's pace
-    assert predict(idle, DEMAND).e2e_s == pytest.approx(predict(idle, DEMAND).ttft_s + 19 * STEP * 5 / 4)
+    assert predict(idle, DEMAND).e2e_s == pytest.approx(
+        predict(idle, DEMAND).ttft_s + 19 * STEP * 5 / 4
+    )
 
 
 def test_a_burst_without_targets_spreads_even_when_one_replica_steps_faster():

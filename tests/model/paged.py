@@ -11,12 +11,18 @@ import torch
 from torch import Tensor
 
 from superinfer.model.attention import AttentionMetadata, SeqEntry
+from superinfer.model.attention_backend import BACKENDS
 from superinfer.model.llama import LlamaForCausalLM
 
 
 class PagedRun:
     def __init__(
-        self, model: LlamaForCausalLM, num_blocks: int = 64, block_size: int = 8, seed: int = 0
+        self,
+        model: LlamaForCausalLM,
+        num_blocks: int = 64,
+        block_size: int = 8,
+        seed: int = 0,
+        backend: str | None = None,  # an attention backend's name; None: the default path
     ) -> None:
         c = model.config
         self.model, self.block_size = model, block_size
@@ -31,6 +37,7 @@ class PagedRun:
             dtype=model.dtype,
             device=self.device,
         )
+        self.backend = None if backend is None else BACKENDS[backend](block_size, self.device)
         self.free_blocks = list(range(num_blocks))
         random.Random(seed).shuffle(self.free_blocks)
         self.tokens: list[list[int]] = []
@@ -66,7 +73,10 @@ class PagedRun:
             for (seq, n) in work
             for t in self.tokens[seq][self.num_cached[seq] : self.num_cached[seq] + n]
         ]
-        meta = AttentionMetadata.build(entries, self.block_size, self.device)
+        if self.backend is None:
+            meta = AttentionMetadata.build(entries, self.block_size, self.device)
+        else:
+            meta = self.backend.build(entries)
         with torch.inference_mode():
             input_ids = torch.tensor(input_ids, device=self.device)
             hidden = self.model(input_ids, meta.positions, self.kv_cache, meta)

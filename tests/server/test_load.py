@@ -12,7 +12,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from superinfer.config import CacheConfig
+from superinfer.config import CPU_DEVICE_KV_GIB, CacheConfig
 
 pytestmark = pytest.mark.slow
 
@@ -124,7 +124,7 @@ def test_metrics_parse_and_carry_the_contract_names(server):
 
 
 @pytest.mark.xfail(
-    CacheConfig().device_kv_gib + CacheConfig().host_kv_gib > 0.5,
+    CPU_DEVICE_KV_GIB + CacheConfig().host_kv_gib > 0.5,
     reason="the default KV pools (CacheConfig) alone take over 1.25 GiB: the 1.5 GB budget "
     "needs device_kv_gib + host_kv_gib <= 0.5 by default",
     strict=False,

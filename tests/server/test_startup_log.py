@@ -40,6 +40,7 @@ def test_startup_lines_and_ready_line_with_url_and_kv_capacity(logged):
     assert re.search(r"^INFO \d\d-\d\d \d\d:\d\d:\d\d \[load_report\] Model: .*architecture "
                      r"llama.*quantization Q4_1", text, re.MULTILINE)  # fmt: skip
     assert "KV cache: device pool 256 blocks = 4096 tokens" in text
+    assert re.search(r"Attention backend: (cpu|reference) .*; CUDA graphs: off", text)
     assert "Warm-up done in" in text
     ready = re.search(r"^INFO .* \[state\] Ready in .*$", text, re.MULTILINE).group(0)
     assert f"on {logged.url} " in ready
