@@ -8,12 +8,16 @@ so a block over all layers is one contiguous chunk. The tokens of one step are p
 to back, sequence after sequence. Each layer first writes the K/V of every query token into
 its slot, then attends:
 
-- decode sequences (one query token) together, in ONE call per layer: on a CPU a C kernel
-  reads their blocks in place (`cpu_attention.py`); elsewhere, or without a compiler,
+- decode sequences (one query token) together, in ONE call per layer: with the cpu
+  backend a C kernel reads their blocks in place (`cpu_attention.py`); in the reference,
   their blocks are gathered into a (B, kv_heads, max_len, head_dim) batch and padding is
   masked;
 - prefill chunks (several query tokens) one call each, causal with an offset when part of
   the sequence is already cached.
+
+This module is the reference and cpu backends' attention (`paged_attention`) and the
+metadata they build; the seam that picks a backend, and the Triton one, are in
+`attention_backend.py`.
 
 A sliding-window layer attends to the last `window` positions only (a key at k_pos is seen
 from q_pos when q_pos - window < k_pos <= q_pos, as transformers): its metadata comes from
