@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from superinfer.model.attention import SeqEntry, token_rows
-from superinfer.model.attention_backend import TritonBackend, TritonMetadata
+from superinfer.model.attention_backend import TritonBackend, TritonMetadata, padded_block_tables
 
 logger = logging.getLogger(__name__)
 
@@ -134,15 +134,12 @@ class DecodeGraphs:
         padded = [*entries, *[entries[-1]] * (size - num_seqs)]
         ids = [*token_ids, *[token_ids[-1]] * (size - num_seqs)]
         per_token, _ = token_rows(padded, self.backend.block_size)
-        tables = torch.zeros(size, self.max_blocks_per_seq, dtype=torch.int32)
-        for row, entry in enumerate(padded):
-            count = -(-entry.num_tokens // self.backend.block_size)
-            tables[row, :count] = torch.tensor(entry.block_table[:count], dtype=torch.int32)
+        tables = padded_block_tables(padded, self.backend.block_size, self.max_blocks_per_seq)
         host = torch.cat((torch.tensor([ids]), per_token))  # (4, size): ids, pos, block, offset
         self._per_token[:, :size].copy_(host, non_blocking=True)
         seq_lens = torch.tensor([e.num_tokens for e in padded], dtype=torch.int32)
         self._seq_lens[:size].copy_(seq_lens, non_blocking=True)
-        self._block_tables[:size].copy_(tables.clamp_(min=0), non_blocking=True)
+        self._block_tables[:size].copy_(tables, non_blocking=True)
         hidden = self._replays[size].replay()[:num_seqs].clone()  # the buffer is reused
         meta = self._metadata(size)
         meta.logits_indices = self._logits_indices[:num_seqs]

@@ -27,6 +27,7 @@ from superinfer.model.attention import SeqEntry
 from superinfer.model.attention_backend import AttentionBackend, TritonBackend, select_backend
 
 logger = logging.getLogger(__name__)
+NO_GRAPHS = {"num_graphs": 0, "capture_s": 0.0, "graph_memory_bytes": 0}
 
 
 class ModelRunner:
@@ -68,14 +69,14 @@ class ModelRunner:
         reason = self._graphs_unavailable_reason()
         if reason is not None:
             logger.info("CUDA graphs off: %s", reason)
-            return {"num_graphs": 0, "capture_s": 0.0, "graph_memory_bytes": 0}
+            return dict(NO_GRAPHS)
         graphs = DecodeGraphs(self.model, self.kv.device, self.attention, self.graph_batch_sizes,
                               self.max_blocks_per_seq)  # fmt: skip
         try:
             report = graphs.capture()
         except Exception as error:  # noqa: BLE001 - e.g. a host sync in a forward: stay eager
             logger.warning("CUDA graph capture failed, every step runs eagerly: %s", error)
-            return {"num_graphs": 0, "capture_s": 0.0, "graph_memory_bytes": 0}
+            return dict(NO_GRAPHS)
         self.graphs = graphs
         logger.info(
             "CUDA graphs: %d decode batch sizes up to %d captured in %.1f s, %.0f MiB",

@@ -162,22 +162,26 @@ class TritonBackend(AttentionBackend):
         )  # fmt: skip
 
 
+def padded_block_tables(
+    entries: Sequence[SeqEntry], block_size: int, width: int | None = None
+) -> Tensor:
+    """(S, width) int32 block tables on the host, as the Triton kernel reads them: each cut
+    to the blocks its tokens use and padded with 0 (the longest sets the default width;
+    CUDA graphs pass a fixed one). A freed entry (FREED_BLOCK, -1) becomes 0: it is out of
+    every window, so never read."""
+    counts = [-(-e.num_tokens // block_size) for e in entries]
+    width = max(counts) if width is None else width
+    rows = [[max(block, 0) for block in e.block_table[:n]] + [0] * (width - n)
+            for e, n in zip(entries, counts)]  # fmt: skip
+    return torch.tensor(rows, dtype=torch.int32)
+
+
 def build_triton_metadata(
-    entries: Sequence[SeqEntry],
-    block_size: int,
-    device: torch.device,
-    backend: TritonBackend,
-    max_blocks: int | None = None,
+    entries: Sequence[SeqEntry], block_size: int, device: torch.device, backend: TritonBackend
 ) -> TritonMetadata:
-    """`TritonMetadata` of `entries`; `max_blocks` pads the block tables to a fixed width
-    (CUDA graphs replay on fixed shapes)."""
+    """`TritonMetadata` of `entries`, with its tensors on `device`."""
     per_token, logits_indices = token_rows(entries, block_size)
-    num_blocks = [-(-e.num_tokens // block_size) for e in entries]
-    width = max(num_blocks) if max_blocks is None else max_blocks
-    tables = torch.zeros(len(entries), width, dtype=torch.int32)
-    for row, (entry, count) in enumerate(zip(entries, num_blocks)):
-        table = torch.tensor(entry.block_table[:count], dtype=torch.int32)
-        tables[row, :count] = table.clamp_(min=0)  # a freed block is out of every window
+    tables = padded_block_tables(entries, block_size)
     counts = [e.num_query_tokens for e in entries]
     starts = torch.tensor([0, *counts], dtype=torch.int32).cumsum(0, dtype=torch.int32)
     seq_lens = torch.tensor([e.num_tokens for e in entries], dtype=torch.int32)
