@@ -45,7 +45,7 @@ DEFAULT_SYSTEMS = "rotasched,fcfs-recompute,vllm"
 DEFAULT_RATES = "1,1.5,2,2.5,3,4"
 SUPERINFER_BLOCK_SIZE = 16  # superinfer's default (--block-size)
 VLLM_BLOCK_SIZE = 32  # the smallest its CPU attention takes (multiples of 32); default 128
-BF16_BYTES = 2
+DTYPE_BYTES = {"bfloat16": 2, "float32": 4}
 
 
 def parse_args() -> argparse.Namespace:
@@ -70,14 +70,18 @@ def parse_args() -> argparse.Namespace:
                    "scheduler and each request carries its class's rank as priority")  # fmt: skip
     p.add_argument("--refusal-replay", action="store_true",
                    help="also run the first superinfer policy with admission off "
-                   "(--no-reject-infeasible-ttft), as system POLICY-no-admission: the replay "
-                   "`superinfer bench refusal-cost` compares with")  # fmt: skip
+                   "(--no-reject-infeasible-ttft --no-reject-infeasible-tbt), as system "
+                   "POLICY-no-admission: the replay `superinfer bench refusal-cost` compares with")  # fmt: skip
     p.add_argument("--variant", action="append", default=[], metavar="NAME=ARGS",
                    help="also run the first superinfer policy with these extra `superinfer serve` "
                    "arguments, as system NAME (repeatable), e.g. shaped=--tbt-shaped-steps")  # fmt: skip
     p.add_argument("--endpoint", default="/v1/chat/completions",
                    help="chat: the ShareGPT turn goes through each server's chat template")  # fmt: skip
     p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
+                   help="both engines' weights and KV (%(default)s); float32 on a CPU without "
+                   "native bf16 (no AVX-512 BF16 or AMX), where bf16 GEMMs are emulated and "
+                   "several times slower")  # fmt: skip
     p.add_argument("--device-kv-gib", type=float, default=0.125,
                    help="superinfer's device pool (its default); vLLM gets as many tokens")  # fmt: skip
     p.add_argument("--host-kv-gib", type=float, default=0.125, help="superinfer's host pool")
@@ -121,12 +125,12 @@ def export_command(args: argparse.Namespace) -> list[str]:
 
 
 def kv_capacity(args: argparse.Namespace) -> dict:
-    """superinfer's device pool in tokens (bf16, its block size) and vLLM's bytes for it."""
+    """superinfer's device pool in tokens (--dtype, its block size) and vLLM's bytes for it."""
     with open(Path(args.model_dir) / "config.json") as f:
         config = json.load(f)
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     per_token = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim
-    per_token *= BF16_BYTES
+    per_token *= DTYPE_BYTES[args.dtype]
     blocks = int(args.device_kv_gib * 2**30 // (SUPERINFER_BLOCK_SIZE * per_token))
     tokens = blocks * SUPERINFER_BLOCK_SIZE
     if tokens % args.vllm_block_size:
@@ -147,7 +151,7 @@ def kv_capacity(args: argparse.Namespace) -> dict:
 
 def superinfer_args(args: argparse.Namespace) -> list[str]:
     return [
-        "--model", args.model_dir, "--dtype", "bfloat16", "--device", "cpu",
+        "--model", args.model_dir, "--dtype", args.dtype, "--device", "cpu",
         "--device-kv-gib", f"{args.device_kv_gib:g}", "--host-kv-gib", f"{args.host_kv_gib:g}",
         "--max-model-len", str(args.max_model_len), "-v", *shlex.split(args.superinfer_args),
     ]  # fmt: skip
@@ -161,7 +165,7 @@ def vllm_command(args: argparse.Namespace, capacity: dict, port: str) -> list[st
         # cache works: ~60 s starts instead of ~130 s, same compiled model
         f"VLLM_USE_AOT_COMPILE={int(args.vllm_aot_compile)}",
         f"{args.vllm_venv}/bin/vllm", "serve", args.model_dir, "--host", "127.0.0.1",
-        "--port", port, "--dtype", "bfloat16", "--max-model-len", str(args.max_model_len),
+        "--port", port, "--dtype", args.dtype, "--max-model-len", str(args.max_model_len),
         "--block-size", str(args.vllm_block_size),
         "--kv-cache-memory-bytes", str(capacity["vllm_kv_cache_memory_bytes"]),
     ]  # fmt: skip
@@ -192,8 +196,9 @@ def sweep_command(args: argparse.Namespace, capacity: dict, out: Path) -> list[s
             argv += ["--system", system]
     policies = [s for s in args.systems if s != "vllm"]
     variants = [tuple(v.split("=", 1)) for v in args.variant]
-    if args.refusal_replay:  # the TTFT refusals off: the replay refusal cost compares with
-        variants.append((f"{policies[0]}-no-admission", "--no-reject-infeasible-ttft"))
+    if args.refusal_replay:  # the estimate's refusals off: the replay refusal cost compares with
+        variants.append((f"{policies[0]}-no-admission",
+                         "--no-reject-infeasible-ttft --no-reject-infeasible-tbt"))
     for name, extra in variants if policies else []:
         command = variant_command(args, policies[0], shlex.split(extra))
         argv += ["--command", f"{name}={shlex.join(command).replace('PORT', '{port}')}"]
@@ -386,7 +391,7 @@ def main() -> int:
     capacity = kv_capacity(args)
     print(f"KV capacity: superinfer {capacity['superinfer_device_blocks']} blocks x "
           f"{SUPERINFER_BLOCK_SIZE} = {capacity['tokens']} tokens ({args.device_kv_gib:g} GiB, "
-          f"bf16, {capacity['kv_bytes_per_token']} B/token); vLLM {capacity['vllm_blocks']} "
+          f"{args.dtype}, {capacity['kv_bytes_per_token']} B/token); vLLM {capacity['vllm_blocks']} "
           f"blocks x {args.vllm_block_size} = {capacity['tokens']} tokens "
           f"(--kv-cache-memory-bytes {capacity['vllm_kv_cache_memory_bytes']})")  # fmt: skip
     outs = (

@@ -51,7 +51,8 @@ def add_bench_parser(sub: Any) -> None:
         "admission",
         description="Compare two `bench serve` results of the same workload: RUN against a "
         "server with admission on, REPLAY against the same server started with "
-        "--no-reject-infeasible-ttft. Prints the refusal cost (overall and per class) and RUN's "
+        "--no-reject-infeasible-ttft --no-reject-infeasible-tbt. Prints the refusal cost "
+        "(overall and per class) and RUN's "
         "precision as JSON. See docs/bench.md.",
     )
     cost.add_argument("run", help="result JSON of the run with admission on")

@@ -2,8 +2,8 @@
 
 RUN is a `bench serve` result of a server with admission on; REPLAY the same workload
 (same seed, same flags) against the same server started with admission off
-(`superinfer serve --no-reject-infeasible-ttft`). The refusal cost is the share of the
-requests RUN refused that met all their targets in REPLAY (`slo/metrics.py`), overall and
+(`superinfer serve --no-reject-infeasible-ttft --no-reject-infeasible-tbt`). The refusal
+cost is the share of the requests RUN refused that met all their targets in REPLAY (`slo/metrics.py`), overall and
 per class; with the precision of RUN beside it, it judges admission from both sides.
 """
 

@@ -100,9 +100,13 @@ def learned_factors(correction: Correction, class_order: Sequence[str]) -> dict[
     return {name: correction.factor(name) for name in (*class_order, None)}
 
 
+_LOCAL_ONLY = frozenset({"decoding", "num_device_blocks"})
+
+
 def _plain_load(load: EngineLoad) -> dict[str, Any]:
-    plain = {f.name: getattr(load, f.name) for f in fields(load)}
-    plain["queued"] = [dataclasses.astuple(q) for q in load.queued]
+    # the router estimates first tokens only: the TBT check's fields stay on the replica
+    plain = {f.name: getattr(load, f.name) for f in fields(load) if f.name not in _LOCAL_ONLY}
+    plain["queued"] = [(q.deadline, q.num_tokens, q.slo_class) for q in load.queued]
     return {k: dict(v) if isinstance(v, Mapping) else v for k, v in plain.items()}
 
 

@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 
 from superinfer.engine.llm_engine import LLMEngine
 from superinfer.engine.native_memory import release_free_memory
-from superinfer.engine.snapshot import EngineSnapshot, StepRecord
+from superinfer.engine.snapshot import EngineSnapshot, StepRecord, expected_outputs
 from superinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from superinfer.sampling_params import SamplingParams
 from superinfer.slo import SLOTargets
@@ -192,7 +192,12 @@ class AsyncEngine:
         leader = self._leader_of.get(request_id)
         with self._cond:
             deadline = arrival_time + add.slo.ttft_s
-            self._pending[request_id] = Queued(deadline, add.num_prompt_tokens, add.slo.slo_class)
+            num_outputs = expected_outputs(params.max_tokens, add.num_prompt_tokens, 0,
+                                           self._max_model_len())  # fmt: skip
+            self._pending[request_id] = Queued(
+                deadline, add.num_prompt_tokens, add.slo.slo_class,
+                add.num_prompt_tokens + num_outputs, add.slo.tbt_s,
+            )  # fmt: skip
             if leader is not None and leader in self._held:
                 self._held[leader].append(add)
                 return stream
@@ -253,6 +258,10 @@ class AsyncEngine:
         self._submit(run)
         return await asyncio.wrap_future(future)
 
+    def _max_model_len(self) -> int:
+        engine = self._engine
+        return engine.config.scheduler.max_model_len if engine is not None else 1 << 30
+
     def queued(self) -> tuple[Queued, ...]:
         """The requests waiting to be admitted, including those not yet added."""
         with self._cond:
@@ -278,7 +287,7 @@ class AsyncEngine:
             built.set_exception(error)
             return
         self._engine.add_step_observer(self._on_step)
-        self._publish(0.0)  # the pool sizes, before any step
+        self._publish(0.0, 0.0)  # the pool sizes, before any step
         built.set_result(None)
         try:
             while self._next_round():
@@ -305,7 +314,7 @@ class AsyncEngine:
         else:
             if self._num_steps_untrimmed:  # just went idle
                 self._trim()
-            self._publish(self.snapshot.step_time_s)
+            self._publish(self.snapshot.step_time_s, self.snapshot.decode_step_s)
         return True
 
     def _trim(self) -> None:
@@ -324,16 +333,18 @@ class AsyncEngine:
             logger.exception("engine step failed; aborting the requests in it")
             self._abort_all(error)
             return
-        elapsed = self._last_step.wall_s if self._last_step is not None else 0.0
-        step_time = self.snapshot.step_time_s
+        record = self._last_step
+        elapsed = record.wall_s if record is not None else 0.0
+        step_time, decode_step = self.snapshot.step_time_s, self.snapshot.decode_step_s
         if outputs:
-            step_time = (
-                elapsed if not step_time else step_time + _EMA_WEIGHT * (elapsed - step_time)
-            )
+            step_time = _average(step_time, elapsed)
+            forward = record.forward if record is not None else None
+            if forward is not None and forward.num_prefill_tokens == 0:
+                decode_step = _average(decode_step, elapsed)
         elif elapsed < _SPIN_SLEEP_S:
             time.sleep(_SPIN_SLEEP_S)
         self._count_tokens(outputs)
-        self._publish(step_time)
+        self._publish(step_time, decode_step)
         finals = [o.request_id for o in outputs if o.finished]
         self._active.difference_update(finals)
         if outputs:
@@ -385,10 +396,10 @@ class AsyncEngine:
         self._deliver([(request_id, error) for request_id in self._active])
         self._active.clear()
 
-    def _publish(self, step_time_s: float) -> None:
+    def _publish(self, step_time_s: float, decode_step_s: float) -> None:
         snapshot = self.engine.snapshot()
         snapshot = replace(
-            snapshot, step_time_s=step_time_s,
+            snapshot, step_time_s=step_time_s, decode_step_s=decode_step_s,
             num_prompt_tokens=self._num_prompt_tokens,
             num_generation_tokens=self._num_generation_tokens,
             release_blocks_per_s=self._release_rate.update(
@@ -435,3 +446,8 @@ def _never_ran(add: _Add) -> RequestOutput:
         [completion], finished=True,
         metrics=RequestMetrics(add.arrival_time, finished_time=time.monotonic(), slo=add.slo),
     )  # fmt: skip
+
+
+def _average(average_s: float, step_s: float) -> float:
+    """The step-time moving average after one more step of `step_s`."""
+    return step_s if not average_s else average_s + _EMA_WEIGHT * (step_s - average_s)

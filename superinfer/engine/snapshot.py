@@ -15,8 +15,9 @@ from typing import Any
 from superinfer.core.kv.errors import KVInvariantError
 from superinfer.core.kv.transfer import TransferStats
 from superinfer.core.outputs import SchedulerOutput
+from superinfer.core.request import Request
 from superinfer.core.scheduler import Scheduler
-from superinfer.slo.estimate import Queued
+from superinfer.slo.estimate import Decoding, Queued
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,9 @@ class EngineSnapshot:
     device_kv_usage: float = 0.0
     host_kv_usage: float = 0.0
     step_time_s: float = 0.0  # moving average of steps that produced tokens
+    decode_step_s: float = 0.0  # moving average of those without prefill tokens
+    # running and rotated-out requests with their TPOT budgets (admission's TBT check)
+    decoding: tuple[Decoding, ...] = ()
     num_steps: int = 0
     num_preemptions: int = 0  # recompute preemptions
     num_swap_outs: int = 0  # rotations to the host tier
@@ -65,10 +69,7 @@ def build_snapshot(scheduler: Scheduler, transfer: TransferStats) -> EngineSnaps
         num_running=len(scheduler.running),
         num_waiting=len(scheduler.waiting),
         num_swapped=len(scheduler.swapped),
-        waiting=tuple(
-            Queued(r.next_deadline(), r.num_uncomputed_tokens, r.slo.slo_class)
-            for r in scheduler.waiting
-        ),
+        waiting=tuple(queued_request(r, scheduler.config.max_model_len) for r in scheduler.waiting),
         device_kv_usage=kv.device.usage,
         host_kv_usage=kv.host.usage,
         num_steps=stats.num_steps,
@@ -90,7 +91,46 @@ def build_snapshot(scheduler: Scheduler, transfer: TransferStats) -> EngineSnaps
         running_blocks_by_class=_blocks_by_class(scheduler),
         swapped_blocks_by_class=swapped_blocks_by_class(scheduler),
         num_released_blocks=stats.num_released_blocks,
+        decoding=decoding_requests(scheduler),
     )
+
+
+def decoding_requests(scheduler: Scheduler) -> tuple[Decoding, ...]:
+    """The running and rotated-out requests as admission's TBT check reads them."""
+    decoding = []
+    max_model_len = scheduler.config.max_model_len
+    for request in (*scheduler.running, *scheduler.swapped):
+        num_expected = expected_output_tokens(request, max_model_len)
+        decoding.append(Decoding(
+            request.slo.tbt_s, num_expected - 1, num_expected - request.num_output_tokens,
+            request.first_token_time,
+            max(0, request.num_prompt_tokens - request.num_computed_tokens),
+            request.slo.slo_class, request.num_prompt_tokens + num_expected,
+        ))  # fmt: skip
+    return tuple(decoding)
+
+
+def queued_request(request: Request, max_model_len: int) -> Queued:
+    """A waiting request as admission reads it."""
+    num_final = request.num_prompt_tokens + expected_output_tokens(request, max_model_len)
+    return Queued(request.next_deadline(), request.num_uncomputed_tokens, request.slo.slo_class,
+                  num_final, request.slo.tbt_s)  # fmt: skip
+
+
+def expected_output_tokens(request: Request, max_model_len: int) -> int:
+    return expected_outputs(request.sampling_params.max_tokens, request.num_prompt_tokens,
+                            request.num_output_tokens, max_model_len)  # fmt: skip
+
+
+def expected_outputs(
+    max_tokens: int | None, num_prompt_tokens: int, num_output_tokens: int, max_model_len: int
+) -> int:
+    """The outputs a request is expected to end with: its max_tokens when the client
+    bounded it below what the model's length leaves (the server's default when it gave
+    none); otherwise unknown, and what it has so far plus one."""
+    if max_tokens is not None and num_prompt_tokens + max_tokens < max_model_len:
+        return max_tokens
+    return num_output_tokens + 1
 
 
 def _blocks_by_class(scheduler: Scheduler) -> dict[str | None, int]:

@@ -7,6 +7,13 @@
   Under overload this keeps the queue to what can still start in time: requests queued
   behind a backlog would miss their TTFT anyway, and serving them late would make the
   requests after them late as well;
+- 425 `slo_infeasible` (reason `tbt_infeasible`) when such a request's mean gap between
+  tokens would exceed its TBT target, or its prompt would push a decoding request of its
+  class or above past its TPOT budget, or the KV the admitted requests of its class and
+  above will hold when done (each for the share of steps its TBT needs it on the device)
+  would not fit the device pool (slo/estimate.py, `Estimator.tpot`): an admitted
+  request keeps its TPOT as well as its first token, and a promise already made is not
+  broken to make a new one;
 - 429 `queue_full` with Retry-After: the waiting queue is full by count or by tokens.
 
 The estimate is `slo/estimate.py`'s (queue ahead in class order, prefill, the wait for
@@ -21,9 +28,18 @@ import math
 from dataclasses import dataclass, field
 
 from superinfer.server.errors import APIError
-from superinfer.slo.estimate import Correction, EngineLoad, Estimator, FirstTokenEstimate
+from superinfer.slo.estimate import (
+    Correction,
+    EngineLoad,
+    Estimator,
+    FirstTokenEstimate,
+    TpotEstimate,
+)
 
 Load = EngineLoad  # what admission reads about the engine (`slo/estimate.py`)
+# The share of a TPOT budget admission plans to use: the step-time average and the prefill
+# cost are averages, and a step's time varies around them.
+TPOT_HEADROOM = 0.9
 
 
 @dataclass(frozen=True)
@@ -35,6 +51,7 @@ class Demand:
     slo_class: str | None = None
     ttft_deadline: float = math.inf  # arrival + its TTFT target (its place in the queue)
     elapsed_s: float = 0.0  # spent since arrival, before admission
+    tbt_s: float | None = None  # its TBT target (None: not checked)
 
 
 @dataclass
@@ -53,6 +70,13 @@ class Admission:
         return self.estimator.first_token(
             load, demand.num_prompt_tokens, demand.slo_class, demand.ttft_deadline
         )
+
+    def tpot(self, load: Load, demand: Demand) -> TpotEstimate:
+        """`demand`'s mean gap between tokens, and the promises its prompt would break."""
+        return self.estimator.tpot(
+            load, demand.num_prompt_tokens, demand.max_tokens, demand.slo_class,
+            demand.ttft_deadline, demand.tbt_s or 0.0, TPOT_HEADROOM,
+        )  # fmt: skip
 
     def expected_ttft_s(self, demand: Demand, estimate: FirstTokenEstimate) -> float:
         """Seconds from now to the first token as the learned correction expects it."""
@@ -73,7 +97,8 @@ class Admission:
         binding_ttft_ms: float | None = None,
     ) -> FirstTokenEstimate:
         """Raise APIError 425 or 429, or return the estimate of a request that may enter
-        the queue. `binding_ttft_ms`: the TTFT target the request is refused against."""
+        the queue. `binding_ttft_ms`: the TTFT target the request is refused against;
+        `demand.tbt_s`, the TBT target."""
         estimate = self.estimate(load, demand)
         ttft_s = self.expected_ttft_s(demand, estimate)
         try:
@@ -82,6 +107,8 @@ class Admission:
             self._check_queue(load, demand)
             if binding_ttft_ms is not None and is_reject_infeasible:
                 self._check_first_token(ttft_s, binding_ttft_ms, demand.elapsed_s)
+            if demand.tbt_s is not None and is_reject_infeasible:
+                self._check_tpot(self.tpot(load, demand), demand.tbt_s, load.num_device_blocks)
         except APIError as error:  # the refusal reports the estimate (errors.py)
             error.estimated_ttft_ms = estimated_ttft_ms(demand, ttft_s)
             raise
@@ -96,6 +123,32 @@ class Admission:
                 f"the TTFT target cannot be met: the first token is estimated in "
                 f"{ttft_s * 1000:.0f} ms, {max(0.0, budget_s) * 1000:.0f} ms are left",
                 "slo_infeasible", reason="ttft_infeasible",
+            )  # fmt: skip
+
+    @staticmethod
+    def _check_tpot(estimate: TpotEstimate, tbt_s: float, num_device_blocks: int) -> None:
+        if estimate.tpot_s > TPOT_HEADROOM * tbt_s:
+            raise APIError(
+                425,
+                f"the TBT target cannot be met: a token is estimated every "
+                f"{estimate.tpot_s * 1000:.0f} ms, the target is {tbt_s * 1000:.0f} ms",
+                "slo_infeasible", reason="tbt_infeasible",
+            )  # fmt: skip
+        if estimate.num_broken:
+            raise APIError(
+                425,
+                f"admitting this prompt would make {estimate.num_broken} running request(s) "
+                "miss the TBT target they were admitted with",
+                "slo_infeasible", reason="tbt_infeasible",
+            )  # fmt: skip
+        if num_device_blocks and estimate.num_committed_blocks > num_device_blocks:
+            raise APIError(
+                425,
+                f"the TBT target cannot be kept: with this request the admitted requests "
+                f"would need {estimate.num_committed_blocks:.0f} of the "
+                f"{num_device_blocks} device KV blocks on the device at once (each for the "
+                "share of steps its TBT target needs it there)",
+                "slo_infeasible", reason="tbt_infeasible",
             )  # fmt: skip
 
     def _check_deadline(

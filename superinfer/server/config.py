@@ -59,6 +59,15 @@ class ServerConfig:
         "rejects infeasible requests) cannot get its first token in time by the server's "
         "estimate. Requests on the default targets are never rejected for TTFT.",
     )
+    reject_infeasible_tbt: bool = opt(
+        False,
+        "Experimental (off until it is measured to help; docs/slo.md). Answer 425 "
+        "slo_infeasible (reason tbt_infeasible) when a request that set a TBT "
+        "target (or whose class rejects infeasible requests) cannot get a token every TBT "
+        "on average by the server's estimate, or its prompt would make running requests of "
+        "its class or above miss the TBT they were admitted with. Requests on the default "
+        "targets are never rejected for TBT.",
+    )
     slo_config: str | None = opt(
         None,
         "YAML or JSON file with the SLO classes (default targets, reserved KV and token "

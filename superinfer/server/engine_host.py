@@ -166,6 +166,9 @@ class EngineHost:
             swapped_blocks_by_class=snapshot.swapped_blocks_by_class,
             release_blocks_per_s=snapshot.release_blocks_per_s,
             prompt_tokens_per_s_by_class=self.admitted_tokens.rates(time.monotonic()),
+            decoding=snapshot.decoding,
+            decode_step_s=snapshot.decode_step_s if is_busy else self.warmup_step_time_s,
+            now=time.monotonic(), num_device_blocks=snapshot.num_device_blocks,
         )  # fmt: skip
 
     def admit(
@@ -179,9 +182,11 @@ class EngineHost:
                            "duplicate_request_id", "request_id")  # fmt: skip
         slo = prepared.slo
         now = time.monotonic()
+        tbt_ms = slo.binding_tbt_ms if self.config.reject_infeasible_tbt else None
         demand = Demand(
             len(prepared.prompt_token_ids), expected_tokens, slo.targets.slo_class,
             arrival.monotonic + slo.targets.ttft_s, now - arrival.monotonic,
+            tbt_s=None if tbt_ms is None else tbt_ms / 1000.0,
         )  # fmt: skip
         ttft_ms = slo.binding_ttft_ms if self.config.reject_infeasible_ttft else None
         estimate = self.admission.check(

@@ -12,14 +12,19 @@ each admitted request's first token teaches the correction as it does in the ser
 
 from __future__ import annotations
 
+from superinfer.core.outputs import SchedulerOutput
 from superinfer.core.request import Request
 from superinfer.core.scheduler import Scheduler
 from superinfer.core.step_time import BatchShape, StepTimePredictor, step_seconds
-from superinfer.engine.snapshot import swapped_blocks_by_class
+from superinfer.engine.snapshot import (
+    decoding_requests,
+    queued_request,
+    swapped_blocks_by_class,
+)
 from superinfer.server.admission import Admission, Demand, Load
 from superinfer.server.errors import APIError
 from superinfer.slo.classes import SLOConfig
-from superinfer.slo.estimate import Queued, ReleaseRate, TokenRate
+from superinfer.slo.estimate import ReleaseRate, TokenRate
 
 _EMA_WEIGHT = 0.2  # as the async engine's step-time average
 _RELEASE_WINDOW_S = 20.0
@@ -30,14 +35,17 @@ class SimAdmission:
     """Decides at each arrival; learns from each first token."""
 
     def __init__(self, slo: SLOConfig, predictor: StepTimePredictor, max_num_queued_reqs: int,
-                 max_num_queued_tokens: int) -> None:  # fmt: skip
+                 max_num_queued_tokens: int, is_reject_infeasible_tbt: bool = False,
+                 ) -> None:  # fmt: skip
         self.slo = slo
+        self.is_reject_infeasible_tbt = is_reject_infeasible_tbt  # as the server's flag
         self.admission = Admission(max_num_queued_reqs, max_num_queued_tokens, slo.class_names)
         num = _PREFILL_PROBE_TOKENS
         prefill = BatchShape(1, num, 0, 1, num * (num + 1) / 2, 0, 0)
         self.prefill_s_per_token = step_seconds(predictor, prefill) / num
         self.idle_step_s = step_seconds(predictor, BatchShape(1, 0, 1, 1, 0.0, 1, 0))
         self.step_time_s = 0.0
+        self.decode_step_s = 0.0  # the same average over steps without prefill tokens
         self.admitted_tokens = TokenRate(_RELEASE_WINDOW_S)
         self.release_rate = ReleaseRate(_RELEASE_WINDOW_S)
         self.release_blocks_per_s = 0.0
@@ -48,8 +56,9 @@ class SimAdmission:
               inbox: list[Request]) -> bool:  # fmt: skip
         """The server's checks for `request` arriving at `now`; False: refused."""
         targets = request.slo
-        demand = Demand(request.num_prompt_tokens, request.sampling_params.max_tokens,
-                        targets.slo_class, request.arrival_time + targets.ttft_s, 0.0)  # fmt: skip
+        demand = Demand(request.num_prompt_tokens, request.sampling_params.max_tokens or 1,
+                        targets.slo_class, request.arrival_time + targets.ttft_s, 0.0,
+                        targets.tbt_s if self.is_reject_infeasible_tbt else None)  # fmt: skip
         slo_class = self.slo.get(targets.slo_class) if targets.slo_class else None
         is_reject = slo_class is None or slo_class.reject_infeasible
         try:
@@ -72,8 +81,7 @@ class SimAdmission:
             blocks[r.slo.slo_class] = blocks.get(r.slo.slo_class, 0) + kv.num_device_blocks_of(r)
         is_busy = bool(scheduler.running) and self.step_time_s > 0
         return Load(
-            queued=tuple(Queued(r.next_deadline(), r.num_uncomputed_tokens, r.slo.slo_class)
-                         for r in waiting),
+            queued=tuple(queued_request(r, scheduler.config.max_model_len) for r in waiting),
             step_time_s=self.step_time_s if is_busy else self.idle_step_s,
             prefill_s_per_token=self.prefill_s_per_token,
             num_batched_tokens=scheduler.config.max_num_batched_tokens,
@@ -84,14 +92,19 @@ class SimAdmission:
             swapped_blocks_by_class=swapped_blocks_by_class(scheduler),
             release_blocks_per_s=self.release_blocks_per_s,
             prompt_tokens_per_s_by_class=self.admitted_tokens.rates(now),
+            decoding=decoding_requests(scheduler),
+            decode_step_s=self.decode_step_s if is_busy else self.idle_step_s, now=now,
+            num_device_blocks=kv.device.num_blocks,
         )  # fmt: skip
 
-    def on_step(self, now: float, step_s: float, has_tokens: bool, scheduler: Scheduler) -> None:
-        """A step of `step_s` ended at `now`: the step-time average, the release window and
-        the first tokens it brought."""
-        if has_tokens:
-            self.step_time_s = step_s if not self.step_time_s else (
-                self.step_time_s + _EMA_WEIGHT * (step_s - self.step_time_s))  # fmt: skip
+    def on_step(self, now: float, step_s: float, output: SchedulerOutput,
+                scheduler: Scheduler) -> None:  # fmt: skip
+        """A step of `step_s` ended at `now`: the step-time averages, the release window
+        and the first tokens it brought."""
+        if not output.is_empty:
+            self.step_time_s = _average(self.step_time_s, step_s)
+            if BatchShape.of(output).num_prefill_tokens == 0:
+                self.decode_step_s = _average(self.decode_step_s, step_s)
         self.release_blocks_per_s = self.release_rate.update(
             now, scheduler.stats.num_released_blocks)
         for request_id, (request, raw_s) in list(self._estimates.items()):
@@ -100,3 +113,7 @@ class SimAdmission:
                 self.admission.observe(request.slo.slo_class, raw_s, first - request.arrival_time)
             if first is not None or request.is_finished:
                 del self._estimates[request_id]
+
+
+def _average(average_s: float, step_s: float) -> float:
+    return step_s if not average_s else average_s + _EMA_WEIGHT * (step_s - average_s)

@@ -179,8 +179,7 @@ class SimEngine:
 
     def _after_update(self, now: float, output: SchedulerOutput) -> None:
         if self.admission is not None and self._last_step_end is not None:
-            self.admission.on_step(now, now - self._last_step_end, not output.is_empty,
-                                   self.scheduler)  # fmt: skip
+            self.admission.on_step(now, now - self._last_step_end, output, self.scheduler)
         self._last_step_end = now
         every = self.check_invariants_every
         if every and self.runner.counters.num_steps % every == 0:

@@ -43,6 +43,7 @@ class BoundSLO:
     targets: SLOTargets  # slo_class set when the request has a class
     slo_class: SLOClass | None
     is_ttft_given: bool = False  # the request set a TTFT target (header or body)
+    is_tbt_given: bool = False  # the request set a TBT target (header or body)
 
     @property
     def is_reject_infeasible(self) -> bool:
@@ -56,6 +57,13 @@ class BoundSLO:
         if self.slo_class is None and not self.is_ttft_given:
             return None
         return self.targets.ttft_ms
+
+    @property
+    def binding_tbt_ms(self) -> float | None:
+        """The TBT target admission holds the request to, on the same rule as the TTFT's."""
+        if self.slo_class is None and not self.is_tbt_given:
+            return None
+        return self.targets.tbt_ms
 
 
 def bind_slo(
@@ -82,7 +90,9 @@ def bind_slo(
         max_latency_ms=base.max_latency_ms if max_latency is None else max_latency,
         slo_class=slo_class.name if slo_class else None,
     )
-    return BoundSLO(targets, slo_class, is_ttft_given=ttft is not None)
+    return BoundSLO(
+        targets, slo_class, is_ttft_given=ttft is not None, is_tbt_given=tbt is not None
+    )
 
 
 def _resolve_class(header: str | None, body: str | None, config: SLOConfig) -> SLOClass | None:

@@ -21,6 +21,20 @@ Pure Python over plain data: `EngineLoad` is built from the engine's published s
 of the same class the policy serves first (due earlier, when it admits by deadline; all of
 them otherwise). A bronze backlog is not ahead of a gold request.
 
+Between tokens (`Estimator.tpot`), judged as the SLO report judges TPOT, on the mean gap
+over a request's whole output:
+
+    a request's decode time = time since its first token
+                              + its remaining tokens x a decode step
+                              + the prefill that will run in its steps (all pending
+                                prompt tokens x the prefill cost, at most one step's
+                                token budget in each of its remaining steps)
+
+A new request is refused when its own mean gap would exceed its TBT target, or when its
+prompt would push a decoding request of its class or above from within its TPOT budget
+(the TBT target times its gaps) to past it: a promise already made is not broken to make
+a new one. Lower classes are not counted (they make room by rotation).
+
 The correction (`Correction`) learns from every admitted request how its measured TTFT
 compares with its estimate, per class, and scales later estimates by a high quantile of
 that ratio: a drifting machine or a new model needs no retuning, and the estimate errs on
@@ -48,6 +62,21 @@ class Queued:
     deadline: float  # its TTFT deadline, engine clock
     num_tokens: int  # prompt tokens it still has to prefill
     slo_class: str | None = None
+    num_final_tokens: int = 0  # its KV when done (prompt + expected outputs); 0: num_tokens
+    tbt_s: float = 0.0  # its TBT target (0: none promised)
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """A running or rotated-out request whose TPOT is promised (plain data)."""
+
+    tbt_s: float  # its TBT target
+    num_gaps: int  # inter-token gaps its TPOT is judged over: its expected outputs - 1
+    num_remaining: int  # output tokens still to come
+    first_token_time: float | None = None  # engine clock; None while it prefills
+    num_prefill_tokens: int = 0  # prompt tokens it still has to prefill
+    slo_class: str | None = None
+    num_final_tokens: int = 0  # its KV when done (prompt + expected outputs)
 
 
 @dataclass(frozen=True)
@@ -68,6 +97,10 @@ class EngineLoad:
     swapped_blocks_by_class: Mapping[str | None, int] = field(default_factory=dict)
     release_blocks_per_s: float = 0.0  # device blocks freed by finishing requests, recently
     prompt_tokens_per_s_by_class: Mapping[str | None, float] = field(default_factory=dict)
+    decoding: tuple[Decoding, ...] = ()  # running and rotated-out requests
+    decode_step_s: float = 0.0  # one step without prefill tokens (0: as step_time_s)
+    now: float = 0.0  # the engine clock when this load was read
+    num_device_blocks: int = 0  # the device pool's size (0: not known, not checked)
 
     @property
     def num_queued(self) -> int:
@@ -89,6 +122,15 @@ class FirstTokenEstimate:
     @property
     def raw_s(self) -> float:
         return (self.compute_s + self.memory_s) * self.stretch
+
+
+@dataclass(frozen=True)
+class TpotEstimate:
+    """A new request's mean gap between tokens, and the promises its prefill would break."""
+
+    tpot_s: float
+    num_broken: int = 0  # decoding requests of its class or above it would push past budget
+    num_committed_blocks: float = 0.0  # device KV promised with it (see `Estimator.tpot`)
 
 
 class Estimator:
@@ -130,6 +172,57 @@ class Estimator:
         stretch = 1.0 / (1.0 - self._higher_share(load, slo_class))
         return FirstTokenEstimate(compute_s, _memory_wait_s(deficit, load), stretch)
 
+    def tpot(
+        self,
+        load: EngineLoad,
+        num_prompt_tokens: int,
+        max_tokens: int,
+        slo_class: str | None,
+        deadline: float,
+        tbt_s: float = 0.0,
+        headroom: float = 1.0,
+    ) -> TpotEstimate:
+        """The mean gap between `max_tokens` tokens of a new request, and how many decoding
+        requests its prompt would push past `headroom` times their TPOT budget."""
+        step_s = load.decode_step_s or load.step_time_s
+        per_token_s = load.prefill_s_per_token
+        chunk_s = load.num_batched_tokens * per_token_s  # the most prefill one step carries
+        queued_s = load.num_queued_tokens * per_token_s
+        pending_s = queued_s + sum(d.num_prefill_tokens for d in load.decoding) * per_token_s
+        new_s = num_prompt_tokens * per_token_s
+        rank = self.rank(slo_class)
+        num_broken = 0
+        for d in load.decoding:
+            if d.num_remaining <= 0 or self.rank(d.slo_class) > rank:
+                continue
+            spent_s = load.now - d.first_token_time if d.first_token_time is not None else 0.0
+            base_s = spent_s + d.num_remaining * step_s
+            cap_s = d.num_remaining * chunk_s
+            budget_s = headroom * d.tbt_s * max(1, d.num_gaps)
+            before_s = base_s + min(pending_s, cap_s)
+            num_broken += before_s <= budget_s < base_s + min(pending_s + new_s, cap_s)
+        committed = self._committed_blocks(load, slo_class, step_s / headroom)
+        committed += _duty(step_s / headroom, tbt_s) * _blocks(
+            num_prompt_tokens + max_tokens - 1, load.block_size)  # fmt: skip
+        if max_tokens <= 1:  # one token, or a length unknown: the gap is a step's
+            return TpotEstimate(step_s, num_broken, committed)
+        num_gaps = max_tokens - 1
+        ahead_s = sum(q.num_tokens for q in self.queue_ahead(load, slo_class, deadline))
+        behind_s = queued_s - ahead_s * per_token_s  # prefilled during its decode
+        tpot_s = step_s + min(behind_s, num_gaps * chunk_s) / num_gaps
+        return TpotEstimate(tpot_s, num_broken, committed)
+
+    def _committed_blocks(self, load: EngineLoad, slo_class: str | None, step_s: float) -> float:
+        """Device blocks the admitted requests of this class and above hold when done,
+        each weighted by the share of steps it must be resident for: a request that needs
+        a token every `tbt_s` can sit out all but `step_s / tbt_s` of the steps in the
+        host tier (RotaSched's rotation), so a loose TBT promises less device memory."""
+        rank = self.rank(slo_class)
+        finals = [(d.slo_class, d.tbt_s, d.num_final_tokens) for d in load.decoding]
+        finals += [(q.slo_class, q.tbt_s, q.num_final_tokens or q.num_tokens) for q in load.queued]
+        return sum(_duty(step_s, tbt_s) * _blocks(num_final - 1, load.block_size)
+                   for name, tbt_s, num_final in finals if self.rank(name) <= rank)  # fmt: skip
+
     def _higher_share(self, load: EngineLoad, slo_class: str | None) -> float:
         """The share of time more important classes' new prompts take, at most
         `MAX_HIGHER_SHARE` (past it the wait is long, not infinite)."""
@@ -166,6 +259,11 @@ class Estimator:
 
 def _blocks(num_tokens: int, block_size: int) -> int:
     return -(-(num_tokens + 1) // max(1, block_size))  # and the first output token's slot
+
+
+def _duty(step_s: float, tbt_s: float) -> float:
+    """The share of steps a request with TBT target `tbt_s` must be on the device for."""
+    return 1.0 if tbt_s <= 0 else min(1.0, step_s / tbt_s)
 
 
 def _memory_wait_s(num_deficit_blocks: int, load: EngineLoad) -> float:

@@ -7,7 +7,7 @@ import pytest
 
 from superinfer.server.admission import Admission, Demand, Load, retry_after_s
 from superinfer.server.errors import APIError
-from superinfer.slo.estimate import Queued
+from superinfer.slo.estimate import Decoding, Queued
 
 CLASSES = ("gold", "silver", "bronze")
 
@@ -31,9 +31,10 @@ def load(num_requests: int = 0, num_tokens: int = 0, **kwargs) -> Load:
 
 
 def check(load=None, prompt=100, max_tokens=10, max_latency_ms=None, elapsed_s=0.0, reject=True,
-          ttft_ms=None, slo_class=None, gate=None):  # fmt: skip
+          ttft_ms=None, slo_class=None, gate=None, tbt_ms=None):  # fmt: skip
     gate = gate or admission()
-    demand = Demand(prompt, max_tokens, slo_class, 1.0, elapsed_s)
+    tbt_s = None if tbt_ms is None else tbt_ms / 1000
+    demand = Demand(prompt, max_tokens, slo_class, 1.0, elapsed_s, tbt_s)
     return gate.check(load or Load(step_time_s=0.05, prefill_s_per_token=0.002), demand,
                       max_latency_ms, reject, ttft_ms)  # fmt: skip
 
@@ -111,3 +112,44 @@ def test_a_queue_full_of_bronze_does_not_turn_gold_away():
         check(full, slo_class="bronze")
     assert info.value.status == 429
     check(full, slo_class="gold")
+
+
+def test_a_tbt_target_slower_steps_cannot_meet_is_425():
+    steps = Load(step_time_s=0.3, decode_step_s=0.15, prefill_s_per_token=0.002)
+    check(steps, tbt_ms=200)  # a decode step of 150 ms fits 90% of 200 ms
+    with pytest.raises(APIError) as info:
+        check(steps, tbt_ms=160)
+    assert (info.value.status, info.value.reason) == (425, "tbt_infeasible")
+    assert "TBT" in str(info.value)
+    check(steps, tbt_ms=160, reject=False)  # a class that does not reject is served
+
+
+def test_a_prompt_that_would_break_a_running_tpot_promise_is_425():
+    # 100 gaps at 200 ms (20 s, 18 s with headroom), 10 s spent, 50 steps of 100 ms to go
+    running = Decoding(0.2, 100, 50, first_token_time=0.0, slo_class="silver")
+    busy = Load(step_time_s=0.1, decode_step_s=0.1, prefill_s_per_token=0.002,
+                decoding=(running,), now=10.0)  # fmt: skip
+    check(busy, prompt=1000, tbt_ms=200, slo_class="silver")  # 2 s of prefill fits
+    with pytest.raises(APIError) as info:
+        check(busy, prompt=2000, tbt_ms=200, slo_class="silver")  # 4 s does not
+    assert (info.value.status, info.value.reason) == (425, "tbt_infeasible")
+    assert "running" in str(info.value)
+    check(busy, prompt=2000, tbt_ms=200, slo_class="gold")  # a silver promise yields to gold
+
+
+def test_kv_the_promised_requests_would_need_on_the_device_beyond_the_pool_is_425():
+    # steps of 100 ms, TBT 200 ms with 0.9 headroom: each needs its 10 blocks 56% of the time
+    def running(slo_class):
+        return Decoding(0.2, 100, 50, 0.0, slo_class=slo_class, num_final_tokens=160)
+
+    busy = Load(step_time_s=0.1, decode_step_s=0.1, prefill_s_per_token=0.002, block_size=16,
+                decoding=tuple(running("silver") for _ in range(7)), now=10.0,
+                num_device_blocks=45)  # fmt: skip
+    check(
+        busy, prompt=60, max_tokens=100, tbt_ms=200, slo_class="silver"
+    )  # 8 x 10 x 0.1 / (0.9 x 0.2) = 44.4 fits
+    with pytest.raises(APIError) as info:  # 60 + 150 tokens: 14 blocks, 7 of them promised
+        check(busy, prompt=60, max_tokens=150, tbt_ms=200, slo_class="silver")
+    assert (info.value.status, info.value.reason) == (425, "tbt_infeasible")
+    assert "device KV blocks" in str(info.value)
+    check(busy, prompt=60, max_tokens=150, tbt_ms=200, slo_class="gold")  # silver yields

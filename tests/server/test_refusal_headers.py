@@ -56,6 +56,15 @@ def test_a_ttft_target_the_estimate_cannot_meet():
     assert body["error"]["estimated_ttft_ms"] == 250.0
 
 
+def test_a_tbt_target_the_estimate_cannot_meet():
+    gate = Admission(max_num_queued_reqs=4, max_num_queued_tokens=10_000)
+    demand = Demand(100, 10, None, 1.0, 0.0, tbt_s=0.04)  # steps of 50 ms
+    status, headers, body = answered(refusal(lambda: gate.check(LOAD, demand, None, True, 1000)))
+    assert (status, headers["x-superinfer-refusal-reason"]) == (425, "tbt_infeasible")
+    assert headers["x-llm-d-request-dropped-reason"] == "rejected-slo-infeasible"
+    assert body["error"]["estimated_ttft_ms"] == 250.0
+
+
 def test_a_deadline_that_passed_before_admission_or_before_arrival():
     late = refusal(admit(max_latency_ms=100, elapsed_s=0.2))
     assert (late.status, late.reason) == (425, "deadline_passed")

@@ -89,6 +89,14 @@ def test_admission_holds_a_request_to_a_ttft_it_gave_or_its_class_gave():
     assert bind({"x-slo-tbt-ms": "90"}).binding_ttft_ms is None
 
 
+def test_admission_holds_a_request_to_a_tbt_it_gave_or_its_class_gave():
+    assert bind().binding_tbt_ms is None
+    assert bind({"x-slo-tbt-ms": "90"}).binding_tbt_ms == 90
+    assert bind(body={"tbt_ms": 120}).binding_tbt_ms == 120
+    assert bind({"x-slo-class": "gold"}).binding_tbt_ms is not None
+    assert bind({"x-slo-ttft-ms": "300"}).binding_tbt_ms is None
+
+
 def test_gateway_headers_are_targets_and_the_stricter_holds():
     """llm-d's names and their older aliases (x-slo-tpot-ms), alone and with superinfer's."""
     alone = bind({"x-llm-d-slo-ttft-ms": "450", "x-llm-d-slo-tpot-ms": "70"})

@@ -10,6 +10,7 @@ import pytest
 from superinfer.slo.estimate import (
     UNKNOWN_MEMORY_WAIT_S,
     Correction,
+    Decoding,
     EngineLoad,
     Estimator,
     Queued,
@@ -72,7 +73,8 @@ def test_room_counts_lower_classes_running_and_rotated_out_requests_ahead():
     behind = base(**released, swapped_blocks_by_class={"gold": 30, "silver": 10, "bronze": 99})
     assert alone.memory_s == 0.0
     assert ESTIMATOR.first_token(behind, 100, "silver", 5.0).memory_s == pytest.approx(
-        (7 + 40 - 20) / 10.0)
+        (7 + 40 - 20) / 10.0
+    )
 
 
 def test_correction_converges_to_a_high_quantile_of_a_biased_clock():
@@ -124,3 +126,69 @@ def test_release_rate_is_blocks_freed_over_the_window():
     assert rate.update(0.0, 0) == 0.0
     assert rate.update(5.0, 50) == pytest.approx(10.0)
     assert rate.update(20.0, 50) == pytest.approx(0.0)  # nothing freed in the last 15 s
+
+
+# --- between tokens ---------------------------------------------------------------------------
+def decoding(remaining: int, spent_s: float, tbt_s: float = 0.2, gaps: int = 100,
+             slo_class: str | None = None, prefill: int = 0) -> Decoding:  # fmt: skip
+    """A request `spent_s` into its decode at now = 10 s, `remaining` tokens to go."""
+    return Decoding(tbt_s, gaps, remaining, 10.0 - spent_s, prefill, slo_class)
+
+
+def test_tpot_of_a_new_request_is_a_decode_step_plus_the_prefill_behind_it():
+    load = base(decode_step_s=0.06, now=10.0)
+    assert ESTIMATOR.tpot(load, 100, 51, None, 5.0).tpot_s == pytest.approx(0.06)
+    # 2,000 tokens queued behind it (bronze, later) run in its 50 steps: 2 s over 50 gaps
+    behind = base(decode_step_s=0.06, now=10.0, queued=(Queued(9.0, 2000, "bronze"),))
+    assert ESTIMATOR.tpot(behind, 100, 51, "gold", 5.0).tpot_s == pytest.approx(0.06 + 0.04)
+    # what is ahead of it is prefilled before its first token, not during its decode
+    assert ESTIMATOR.tpot(behind, 100, 51, "bronze", 99.0).tpot_s == pytest.approx(0.06)
+    # at most one step's budget (512 tokens at 1 ms) in each of its steps
+    assert ESTIMATOR.tpot(behind, 100, 3, "gold", 5.0).tpot_s == pytest.approx(0.06 + 0.512)
+    # a length unknown (max_tokens 1): a step
+    assert ESTIMATOR.tpot(behind, 100, 1, "gold", 5.0).tpot_s == pytest.approx(0.06)
+
+
+def test_a_prompt_that_would_break_a_running_promise_is_counted():
+    # 100 gaps at 200 ms: a 20 s budget; 10 s spent, 50 tokens at 100 ms to go: 5 s of slack
+    tight = decoding(remaining=50, spent_s=10.0)
+    load = base(decode_step_s=0.1, now=10.0, decoding=(tight,))
+    assert ESTIMATOR.tpot(load, 4000, 11, None, 5.0).num_broken == 0  # 4 s of prefill fits
+    assert ESTIMATOR.tpot(load, 6000, 11, None, 5.0).num_broken == 1  # 6 s does not
+    # what is already pending counts first: 2 s queued leaves room for 3 s more
+    queued = base(decode_step_s=0.1, now=10.0, decoding=(tight,), queued=(Queued(0.0, 2000),))
+    assert ESTIMATOR.tpot(queued, 4000, 11, None, 5.0).num_broken == 1
+    # one step carries at most 512 tokens: 3 steps to go cannot take 6 s of prefill
+    short = base(decode_step_s=0.1, now=10.0, decoding=(decoding(3, 18.0),))
+    assert ESTIMATOR.tpot(short, 6000, 11, None, 5.0).num_broken == 0
+    # a promise already lost (over budget without this prompt) does not refuse others
+    lost = base(decode_step_s=0.1, now=10.0, decoding=(decoding(50, 18.0),))
+    assert ESTIMATOR.tpot(lost, 6000, 11, None, 5.0).num_broken == 0
+
+
+def test_lower_classes_decoding_do_not_hold_back_higher_ones():
+    bronze = decoding(remaining=50, spent_s=10.0, slo_class="bronze")
+    load = base(decode_step_s=0.1, now=10.0, decoding=(bronze,))
+    assert ESTIMATOR.tpot(load, 6000, 11, "gold", 5.0).num_broken == 0
+    assert ESTIMATOR.tpot(load, 6000, 11, "bronze", 5.0).num_broken == 1
+    # with headroom 0.9 the budget is 18 s: 10 + 5 + 4 is over it
+    assert ESTIMATOR.tpot(load, 4000, 11, "bronze", 5.0, headroom=0.9).num_broken == 1
+
+
+def test_committed_device_memory_weighs_each_request_by_its_tbt_duty():
+    # blocks of 16; each request ends with 160 tokens: 10 blocks
+    done = 160
+    running = Decoding(0.2, 100, 50, 0.0, 0, "gold", num_final_tokens=done)
+    loose = Decoding(1.0, 100, 50, 0.0, 0, "bronze", num_final_tokens=done)
+    queued = Queued(9.0, 60, "gold", num_final_tokens=done, tbt_s=0.2)
+    load = base(decode_step_s=0.1, now=10.0, decoding=(running, loose), queued=(queued,))
+    # steps of 100 ms: a 200 ms TBT needs the device half of the time, a 1 s TBT a tenth
+    gold = ESTIMATOR.tpot(load, 60, 100, "gold", 5.0, tbt_s=0.2)
+    assert gold.num_committed_blocks == pytest.approx(3 * 0.5 * 10)  # bronze not counted
+    bronze = ESTIMATOR.tpot(load, 60, 100, "bronze", 5.0, tbt_s=1.0)
+    assert bronze.num_committed_blocks == pytest.approx(2 * 0.5 * 10 + 2 * 0.1 * 10)
+    # a TBT no step can meet needs the device for every step; a classless request ranks
+    # below every class, so all of them count
+    assert ESTIMATOR.tpot(load, 60, 100, None, 5.0, tbt_s=0.05).num_committed_blocks == (
+        pytest.approx(10 + 5 + 1 + 5)
+    )
