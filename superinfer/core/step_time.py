@@ -102,6 +102,21 @@ def step_seconds(predictor: StepTimePredictor, batch: BatchShape) -> float:
     return predictor.forward_time(batch) + predictor.host_time(batch)
 
 
+def decode_row_seconds(predictor: StepTimePredictor | None, num_context: int) -> float:
+    """What one more decoding sequence of `num_context` keys adds to a decode step, by the
+    predictor's answer for 1 and 16 such sequences (0 without a predictor)."""
+    if predictor is None:
+        return 0.0
+    one, many = (
+        step_seconds(predictor, BatchShape(n, 0, n, n, 0.0, n * (num_context + 1), 0))
+        for n in (1, _ROW_PROBE)
+    )
+    return max(0.0, (many - one) / (_ROW_PROBE - 1))
+
+
+_ROW_PROBE = 16
+
+
 class ShapeBuilder:
     """The shape of a step being composed, one sequence at a time (`BatchShape.of` in
     increments, so a candidate can be priced before it is added)."""

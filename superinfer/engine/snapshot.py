@@ -17,6 +17,7 @@ from superinfer.core.kv.transfer import TransferStats
 from superinfer.core.outputs import SchedulerOutput
 from superinfer.core.request import Request
 from superinfer.core.scheduler import Scheduler
+from superinfer.core.step_time import decode_row_seconds
 from superinfer.slo.estimate import Decoding, Queued
 
 
@@ -34,6 +35,7 @@ class EngineSnapshot:
     host_kv_usage: float = 0.0
     step_time_s: float = 0.0  # moving average of steps that produced tokens
     decode_step_s: float = 0.0  # moving average of those without prefill tokens
+    decode_row_s: float = 0.0  # one more decoding sequence's cost, by the step-time model
     # running and rotated-out requests with their TPOT budgets (admission's TBT check)
     decoding: tuple[Decoding, ...] = ()
     num_steps: int = 0
@@ -92,7 +94,15 @@ def build_snapshot(scheduler: Scheduler, transfer: TransferStats) -> EngineSnaps
         swapped_blocks_by_class=swapped_blocks_by_class(scheduler),
         num_released_blocks=stats.num_released_blocks,
         decoding=decoding_requests(scheduler),
+        decode_row_s=decode_row_cost(scheduler),
     )
+
+
+def decode_row_cost(scheduler: Scheduler) -> float:
+    """What one more decoding sequence adds to a step, at the running ones' mean context."""
+    running = scheduler.running
+    num_context = sum(r.num_tokens for r in running) // len(running) if running else 256
+    return decode_row_seconds(scheduler.step_model, num_context)
 
 
 def decoding_requests(scheduler: Scheduler) -> tuple[Decoding, ...]:

@@ -169,6 +169,7 @@ class EngineHost:
             decoding=snapshot.decoding,
             decode_step_s=snapshot.decode_step_s if is_busy else self.warmup_step_time_s,
             now=time.monotonic(), num_device_blocks=snapshot.num_device_blocks,
+            decode_row_s=snapshot.decode_row_s,
         )  # fmt: skip
 
     def admit(

@@ -17,6 +17,7 @@ from superinfer.core.request import Request
 from superinfer.core.scheduler import Scheduler
 from superinfer.core.step_time import BatchShape, StepTimePredictor, step_seconds
 from superinfer.engine.snapshot import (
+    decode_row_cost,
     decoding_requests,
     queued_request,
     swapped_blocks_by_class,
@@ -94,7 +95,7 @@ class SimAdmission:
             prompt_tokens_per_s_by_class=self.admitted_tokens.rates(now),
             decoding=decoding_requests(scheduler),
             decode_step_s=self.decode_step_s if is_busy else self.idle_step_s, now=now,
-            num_device_blocks=kv.device.num_blocks,
+            num_device_blocks=kv.device.num_blocks, decode_row_s=decode_row_cost(scheduler),
         )  # fmt: skip
 
     def on_step(self, now: float, step_s: float, output: SchedulerOutput,

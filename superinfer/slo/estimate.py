@@ -25,7 +25,8 @@ Between tokens (`Estimator.tpot`), judged as the SLO report judges TPOT, on the 
 over a request's whole output:
 
     a request's decode time = time since its first token
-                              + its remaining tokens x a decode step
+                              + its remaining tokens x a decode step (of the batch
+                                once the queued requests join it, by the per-row cost)
                               + the prefill that will run in its steps (all pending
                                 prompt tokens x the prefill cost, at most one step's
                                 token budget in each of its remaining steps)
@@ -101,6 +102,7 @@ class EngineLoad:
     decode_step_s: float = 0.0  # one step without prefill tokens (0: as step_time_s)
     now: float = 0.0  # the engine clock when this load was read
     num_device_blocks: int = 0  # the device pool's size (0: not known, not checked)
+    decode_row_s: float = 0.0  # what one more decoding sequence adds to a step (0: unknown)
 
     @property
     def num_queued(self) -> int:
@@ -184,7 +186,9 @@ class Estimator:
     ) -> TpotEstimate:
         """The mean gap between `max_tokens` tokens of a new request, and how many decoding
         requests its prompt would push past `headroom` times their TPOT budget."""
-        step_s = load.decode_step_s or load.step_time_s
+        # the step once the queued requests and this one join the batch, by the per-row cost
+        step_s = (load.decode_step_s or load.step_time_s) + load.num_queued * load.decode_row_s
+        step_after_s = step_s + load.decode_row_s
         per_token_s = load.prefill_s_per_token
         chunk_s = load.num_batched_tokens * per_token_s  # the most prefill one step carries
         queued_s = load.num_queued_tokens * per_token_s
@@ -196,20 +200,20 @@ class Estimator:
             if d.num_remaining <= 0 or self.rank(d.slo_class) > rank:
                 continue
             spent_s = load.now - d.first_token_time if d.first_token_time is not None else 0.0
-            base_s = spent_s + d.num_remaining * step_s
             cap_s = d.num_remaining * chunk_s
             budget_s = headroom * d.tbt_s * max(1, d.num_gaps)
-            before_s = base_s + min(pending_s, cap_s)
-            num_broken += before_s <= budget_s < base_s + min(pending_s + new_s, cap_s)
-        committed = self._committed_blocks(load, slo_class, step_s / headroom)
-        committed += _duty(step_s / headroom, tbt_s) * _blocks(
+            before_s = spent_s + d.num_remaining * step_s + min(pending_s, cap_s)
+            after_s = spent_s + d.num_remaining * step_after_s + min(pending_s + new_s, cap_s)
+            num_broken += before_s <= budget_s < after_s
+        committed = self._committed_blocks(load, slo_class, step_after_s / headroom)
+        committed += _duty(step_after_s / headroom, tbt_s) * _blocks(
             num_prompt_tokens + max_tokens - 1, load.block_size)  # fmt: skip
         if max_tokens <= 1:  # one token, or a length unknown: the gap is a step's
-            return TpotEstimate(step_s, num_broken, committed)
+            return TpotEstimate(step_after_s, num_broken, committed)
         num_gaps = max_tokens - 1
         ahead_s = sum(q.num_tokens for q in self.queue_ahead(load, slo_class, deadline))
         behind_s = queued_s - ahead_s * per_token_s  # prefilled during its decode
-        tpot_s = step_s + min(behind_s, num_gaps * chunk_s) / num_gaps
+        tpot_s = step_after_s + min(behind_s, num_gaps * chunk_s) / num_gaps
         return TpotEstimate(tpot_s, num_broken, committed)
 
     def _committed_blocks(self, load: EngineLoad, slo_class: str | None, step_s: float) -> float:

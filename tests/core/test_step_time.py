@@ -7,7 +7,15 @@ import random
 
 import pytest
 
-from superinfer.core.step_time import BatchShape, OnlineStepModel, ShapeBuilder, fit_non_negative
+from superinfer.core.step_time import (
+    FEATURE_NAMES,
+    BatchShape,
+    LinearStepModel,
+    OnlineStepModel,
+    ShapeBuilder,
+    decode_row_seconds,
+    fit_non_negative,
+)
 
 
 def machine(batch: BatchShape, speed: float = 1.0) -> float:
@@ -73,3 +81,12 @@ def test_shape_builder_matches_batch_shape():
     builder.remove(*entries[1])
     expected = BatchShape.of_lists([1, 16, 1], [40, 32, 7], [True, False, True])
     assert builder.shape() == expected
+
+
+def test_a_decode_rows_cost_is_the_models_slope():
+    coef = dict.fromkeys(FEATURE_NAMES, 0.0)
+    coef.update(const=0.05, tokens=0.001, decode_context=1e-6)
+    model = LinearStepModel([coef[name] for name in FEATURE_NAMES])
+    # a row: one token (1 ms) and its 100 keys plus its own (101 us)
+    assert decode_row_seconds(model, 100) == pytest.approx(0.001 + 101e-6)
+    assert decode_row_seconds(None, 100) == 0.0

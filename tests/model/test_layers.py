@@ -113,8 +113,22 @@ def test_rms_norm_matches_transformers(dtype: torch.dtype) -> None:
     torch.testing.assert_close(ours(x), theirs(x), rtol=tolerance, atol=tolerance)
 
 
+def _onednn_bf16() -> bool:
+    """Whether this CPU runs oneDNN's bf16 kernels (AVX-512 BW/VL/DQ or AVX-NE-CONVERT)."""
+    return onednn_linear_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
 @pytest.mark.skipif(not onednn_linear_available(), reason="needs oneDNN")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        torch.float32,
+        pytest.param(
+            torch.bfloat16,
+            marks=pytest.mark.skipif(not _onednn_bf16(), reason="CPU without oneDNN bf16"),
+        ),
+    ],
+)
 def test_packed_linear_matches_f_linear(dtype: torch.dtype) -> None:
     linear = nn.Linear(64, 96, bias=True).to(dtype)
     x = torch.randn(5, 64, dtype=dtype)
@@ -146,6 +160,22 @@ def test_packed_linear_pads_rows_to_a_bucket_and_returns_only_real_rows(num_rows
     assert padded_num_rows(num_rows) > num_rows
     assert got.shape == (num_rows, 48) and got.is_contiguous()
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pack_linears_keeps_f_linears_result_on_any_cpu(dtype: torch.dtype) -> None:
+    """Packed where oneDNN runs this dtype here, left as nn.Linear where it does not (bf16
+    on a CPU without AVX-512): never an error at load, never a different result."""
+    model = nn.Sequential(nn.Linear(64, 96), nn.Linear(96, 32)).to(dtype)
+    x = torch.randn(5, 64, dtype=dtype)
+    with torch.inference_mode():
+        expected = model(x)
+        num_packed = pack_linears(model)
+        got = model(x)
+    is_packable = onednn_linear_available() and (dtype == torch.float32 or _onednn_bf16())
+    assert num_packed == (2 if is_packable else 0)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got, expected, rtol=tolerance, atol=tolerance)
 
 
 @pytest.mark.skipif(not onednn_linear_available(), reason="needs oneDNN")

@@ -192,3 +192,16 @@ def test_committed_device_memory_weighs_each_request_by_its_tbt_duty():
     assert ESTIMATOR.tpot(load, 60, 100, None, 5.0, tbt_s=0.05).num_committed_blocks == (
         pytest.approx(10 + 5 + 1 + 5)
     )
+
+
+def test_the_step_is_priced_at_the_batch_the_queued_requests_and_this_one_make():
+    # 20 ms a row: two queued requests and this one make the 100 ms step 160 ms
+    load = base(decode_step_s=0.1, decode_row_s=0.02, now=10.0,
+                queued=(Queued(0.0, 0), Queued(0.0, 0)))  # fmt: skip
+    assert ESTIMATOR.tpot(load, 10, 1, None, 5.0).tpot_s == pytest.approx(0.16)
+    # a running request with 5 s of slack over 50 steps: 100 ms more per step breaks it
+    tight = decoding(remaining=50, spent_s=10.0)
+    slow_rows = base(decode_step_s=0.1, decode_row_s=0.1, now=10.0, decoding=(tight,))
+    assert ESTIMATOR.tpot(slow_rows, 10, 11, None, 5.0).num_broken == 1
+    assert ESTIMATOR.tpot(base(decode_step_s=0.1, now=10.0, decoding=(tight,)), 10, 11, None,
+                          5.0).num_broken == 0  # fmt: skip
