@@ -68,6 +68,12 @@ class ServerConfig:
         "its class or above miss the TBT they were admitted with. Requests on the default "
         "targets are never rejected for TBT.",
     )
+    admission_quantile: float = opt(
+        0.9,
+        "How surely an admitted request's first token comes in time: admission scales its "
+        "TTFT estimate by this quantile of the recent measured/estimated ratios (in [0.5, 1); "
+        "higher refuses more and misses fewer). See docs/slo.md.",
+    )
     slo_config: str | None = opt(
         None,
         "YAML or JSON file with the SLO classes (default targets, reserved KV and token "
@@ -116,3 +122,7 @@ class ServerConfig:
             raise ValueError("shutdown_timeout must be >= 0")
         if not self.log_stats_interval > 0:
             raise ValueError(f"log_stats_interval must be > 0, got {self.log_stats_interval}")
+        if not 0.5 <= self.admission_quantile < 1:
+            raise ValueError(
+                f"admission_quantile must lie in [0.5, 1), got {self.admission_quantile}"
+            )

@@ -28,7 +28,7 @@ from superinfer.server.log_limit import RateLimitedLog
 from superinfer.server.prepare import PreparedRequest
 from superinfer.server.prometheus import ServerMetrics
 from superinfer.server.warmup import warm_up
-from superinfer.slo.estimate import FirstTokenEstimate, TokenRate
+from superinfer.slo.estimate import Correction, FirstTokenEstimate, TokenRate
 from superinfer.slo.metrics import ABORTED, FINISHED, RequestRecord, SLOReport, slo_report, tbt_gaps
 from superinfer.slo.record_log import SLOLog, log_line
 
@@ -86,7 +86,7 @@ class EngineHost:
         self.engine_factory = engine_factory
         self.admission = Admission(
             config.max_num_queued_reqs, config.max_num_queued_tokens,
-            engine_config.scheduler.class_order,
+            engine_config.scheduler.class_order, Correction(config.admission_quantile),
         )  # fmt: skip
         self.engine: AsyncEngine | None = None  # set once built
         self.inflight: dict[str, Inflight] = {}

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from superinfer.server.admission import Admission, Demand, Load, retry_after_s
+from superinfer.server.config import ServerConfig
 from superinfer.server.errors import APIError
-from superinfer.slo.estimate import Decoding, Queued
+from superinfer.slo.estimate import Correction, Decoding, Queued
 
 CLASSES = ("gold", "silver", "bronze")
 
@@ -153,3 +154,25 @@ def test_kv_the_promised_requests_would_need_on_the_device_beyond_the_pool_is_42
     assert (info.value.status, info.value.reason) == (425, "tbt_infeasible")
     assert "device KV blocks" in str(info.value)
     check(busy, prompt=60, max_tokens=150, tbt_ms=200, slo_class="gold")  # silver yields
+
+
+def test_a_higher_admission_quantile_refuses_what_a_lower_one_admits() -> None:
+    """`--admission-quantile` scales the estimate by that quantile of the measured/estimated
+    ratios: with 1 in 10 first tokens 3x late, the median admits a request the 0.95
+    quantile refuses."""
+    gates = {q: Admission(4, 1000, CLASSES, Correction(quantile=q)) for q in (0.5, 0.95)}
+    for gate in gates.values():
+        for i in range(40):
+            gate.observe(None, 0.2, 0.6 if i % 10 == 0 else 0.2)
+    busy = load(1, 150)  # 250 prompt tokens in all at 2 ms: 0.5 s + a step
+    check(busy, ttft_ms=1000, gate=gates[0.5])
+    with pytest.raises(APIError) as refused:
+        check(busy, ttft_ms=1000, gate=gates[0.95])
+    assert refused.value.status == 425
+
+
+def test_the_admission_quantile_is_checked() -> None:
+    assert ServerConfig(admission_quantile=0.98).admission_quantile == 0.98
+    for bad in (0.2, 1.0, 1.5):
+        with pytest.raises(ValueError, match="admission_quantile"):
+            ServerConfig(admission_quantile=bad)
