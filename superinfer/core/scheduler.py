@@ -298,7 +298,7 @@ class Scheduler:
             num_demand_blocks=sum(
                 self.kv.num_blocks_held_for(r.num_tokens) for r in self.requests.values()
             ),
-            host_usage=self.kv.host.usage,
+            host_usage=self.kv.host_usage_pinned,
             num_swapped_requests=len(self.swapped),
         )
 

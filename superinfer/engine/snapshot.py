@@ -54,9 +54,11 @@ class EngineSnapshot:
     num_inflight_transfers: int = 0  # KV copies planned or running, not yet landed
     is_queue_by_deadline: bool = False  # the policy admits by deadline (admission's queue)
     is_preempt_by_swap: bool = False  # the policy makes room by rotating to the host tier
+    host_admission_guard: float = 1.0  # host usage past which the policy admits no newcomer
     block_size: int = 16
     num_free_device_blocks: int = 0  # free now or once in-flight copies land
     num_free_host_blocks: int = 0
+    num_reclaimable_host_blocks: int = 0  # shadows the host tier may drop (not in use)
     running_blocks_by_class: Mapping[str | None, int] = field(default_factory=dict)
     # the blocks each rotated-out request needs back on the device, summed by class
     swapped_blocks_by_class: Mapping[str | None, int] = field(default_factory=dict)
@@ -87,9 +89,11 @@ def build_snapshot(scheduler: Scheduler, transfer: TransferStats) -> EngineSnaps
         num_inflight_transfers=kv.num_inflight_transfers,
         is_queue_by_deadline=scheduler.policy.is_queue_by_deadline,
         is_preempt_by_swap=scheduler.policy.is_preempt_by_swap,
+        host_admission_guard=scheduler.policy.host_admission_guard,
         block_size=kv.block_size,
         num_free_device_blocks=kv.device.num_free_blocks + kv.device.num_quarantined_blocks,
         num_free_host_blocks=kv.host.num_free_blocks,
+        num_reclaimable_host_blocks=kv.num_reclaimable_host_blocks,
         running_blocks_by_class=_blocks_by_class(scheduler),
         swapped_blocks_by_class=swapped_blocks_by_class(scheduler),
         num_released_blocks=stats.num_released_blocks,

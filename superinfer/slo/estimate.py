@@ -11,7 +11,8 @@ Pure Python over plain data: `EngineLoad` is built from the engine's published s
     memory      = blocks the queue ahead, the rotated-out requests of this class and
                   those above (they come back first) and this request need beyond what is
                   free or can be taken from lower classes, over the rate at which finishing
-                  requests free device blocks
+                  requests free device blocks; at least the host blocks to be freed before
+                  the policy's host guard lets a newcomer in (rotasched: 90% used)
     higher      = the share of the engine's time that prefilling more important classes'
                   new arrivals takes (their recent prompt tokens per second x the prefill
                   cost per token): they will be served ahead of this request while it
@@ -94,6 +95,9 @@ class EngineLoad:
     block_size: int = 16
     num_free_device_blocks: int = 1 << 30
     num_free_host_blocks: int = 0
+    num_host_blocks: int = 0  # the host pool's size (0: not known, not checked)
+    num_reclaimable_host_blocks: int = 0  # host blocks that only cache device blocks
+    host_admission_guard: float = 1.0  # host usage past which the policy admits no newcomer
     running_blocks_by_class: Mapping[str | None, int] = field(default_factory=dict)
     swapped_blocks_by_class: Mapping[str | None, int] = field(default_factory=dict)
     release_blocks_per_s: float = 0.0  # device blocks freed by finishing requests, recently
@@ -171,6 +175,7 @@ class Estimator:
         num_needed += _blocks(num_prompt_tokens, load.block_size)
         num_needed += self._num_blocks_by_rank(load.swapped_blocks_by_class, slo_class)[0]
         deficit = num_needed - self._num_available_blocks(load, slo_class)
+        deficit = max(deficit, _host_guard_deficit(load))
         stretch = 1.0 / (1.0 - self._higher_share(load, slo_class))
         return FirstTokenEstimate(compute_s, _memory_wait_s(deficit, load), stretch)
 
@@ -268,6 +273,15 @@ def _blocks(num_tokens: int, block_size: int) -> int:
 def _duty(step_s: float, tbt_s: float) -> float:
     """The share of steps a request with TBT target `tbt_s` must be on the device for."""
     return 1.0 if tbt_s <= 0 else min(1.0, step_s / tbt_s)
+
+
+def _host_guard_deficit(load: EngineLoad) -> int:
+    """Host blocks to be released before the policy admits a brand-new request again (its
+    host guard: rotasched keeps the last 10% of the host tier for rotation)."""
+    if load.host_admission_guard >= 1.0 or load.num_host_blocks <= 0:
+        return 0
+    num_used = load.num_host_blocks - load.num_free_host_blocks - load.num_reclaimable_host_blocks
+    return num_used - math.floor(load.host_admission_guard * load.num_host_blocks)
 
 
 def _memory_wait_s(num_deficit_blocks: int, load: EngineLoad) -> float:

@@ -100,6 +100,35 @@ def test_reused_device_block_gets_a_fresh_shadow():
     kv.check_invariants([a, b])
 
 
+def test_a_swap_out_drops_other_requests_shadows_when_the_host_is_full():
+    """Shadows only cache live device blocks: a full host tier of them still takes a
+    rotation (dropping another request's, never the victim's own), and they do not count
+    as host memory in use."""
+    kv = make_kv(num_device=8, num_host=3)
+    a = make_request(num_prompt_tokens=8)  # two full blocks
+    b = make_request(num_prompt_tokens=6)  # one full block and a tail
+    for request in (a, b):
+        admit(kv, request)
+        compute_all(kv, request)
+    finish_copies(kv)
+    assert kv.host.num_free_blocks == 0 and kv.num_reclaimable_host_blocks == 3
+    assert kv.host_usage_pinned == 0.0
+    b_shadow = kv.shadow_of[kv.block_table(b)[0]]
+    assert kv.can_swap_out(b)
+    kv.swap_out(b)
+    b.status = RequestStatus.SWAPPED
+    assert kv.stats.num_reclaimed_shadows == 1
+    assert kv.tables[b.request_id].host[0] == b_shadow  # its own shadow was kept
+    assert len(kv.shadow_of) == 1  # one of a's two is left
+    kv.check_invariants([a, b])
+    assert kv.host_usage_pinned == pytest.approx(2 / 3)  # b's two blocks
+    assert not kv.can_swap_out(a)  # a's unshadowed block has nowhere to go
+    finish_copies(kv)
+    kv.free(a)
+    kv.free(b)
+    assert kv.host.num_free_blocks == 3 and kv.device.num_free_blocks == 8
+
+
 def test_block_with_copy_in_flight_is_quarantined():
     kv = make_kv(num_device=3, writeback=False)
     request = make_request(num_prompt_tokens=12)
@@ -250,14 +279,25 @@ class KVMachine(RuleBasedStateMachine):
         assert not self.kv.shadow_of
 
 
-TestKVMachine = KVMachine.TestCase
-TestKVMachine.settings = settings(
+class SmallHostKVMachine(KVMachine):
+    """The same, with a host tier smaller than the device pool: rotations drop shadows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kv = make_kv(num_device=12, num_host=5)
+
+
+SETTINGS = settings(
     max_examples=150,
     stateful_step_count=40,
     deadline=None,
     derandomize=True,  # the same sequences on every run: CI never flakes on a new example
     suppress_health_check=[HealthCheck.too_slow],  # the machine is shared and noisy
 )
+TestKVMachine = KVMachine.TestCase
+TestKVMachine.settings = SETTINGS
+TestSmallHostKVMachine = SmallHostKVMachine.TestCase
+TestSmallHostKVMachine.settings = SETTINGS
 
 
 def test_blocks_freed_while_a_forward_runs_wait_for_it():

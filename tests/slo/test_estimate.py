@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from superinfer.core.policies import MemoryState
 from superinfer.slo.estimate import (
     UNKNOWN_MEMORY_WAIT_S,
     Correction,
@@ -17,6 +18,7 @@ from superinfer.slo.estimate import (
     ReleaseRate,
     TokenRate,
 )
+from tests.factories import make_request, make_scheduler
 
 ESTIMATOR = Estimator(("gold", "silver", "bronze"))
 
@@ -57,6 +59,18 @@ def test_memory_bound_waits_for_blocks_to_be_released():
     assert estimate.memory_s == pytest.approx(4 / 8.0)
     unknown = base(queued=load.queued, num_free_device_blocks=10)
     assert ESTIMATOR.first_token(unknown, 100, None, 5.0).memory_s == UNKNOWN_MEMORY_WAIT_S
+
+
+def test_a_full_host_tier_holds_a_newcomer_back_as_the_policys_guard_does():
+    """rotasched admits no brand-new request while its host tier is over 90% used: device
+    room does not help until finishing requests bring the host under the guard."""
+    full = {"num_host_blocks": 100, "num_free_host_blocks": 4, "release_blocks_per_s": 3.0}
+    load = base(host_admission_guard=0.9, **full)  # 96 used, 90 allowed: 6 blocks to free
+    assert ESTIMATOR.first_token(load, 100, None, deadline=5.0).memory_s == pytest.approx(2.0)
+    under = base(host_admission_guard=0.9, **{**full, "num_free_host_blocks": 10})
+    assert ESTIMATOR.first_token(under, 100, None, deadline=5.0).memory_s == 0.0
+    no_guard = base(**full)  # a policy without one (fcfs, edf, ddps)
+    assert ESTIMATOR.first_token(no_guard, 100, None, deadline=5.0).memory_s == 0.0
 
 
 def test_room_counts_lower_classes_running_and_rotated_out_requests_ahead():
@@ -205,3 +219,17 @@ def test_the_step_is_priced_at_the_batch_the_queued_requests_and_this_one_make()
     assert ESTIMATOR.tpot(slow_rows, 10, 11, None, 5.0).num_broken == 1
     assert ESTIMATOR.tpot(base(decode_step_s=0.1, now=10.0, decoding=(tight,)), 10, 11, None,
                           5.0).num_broken == 0  # fmt: skip
+
+
+@pytest.mark.parametrize("policy_name", ["rotasched", "fcfs-recompute", "edf", "ddps"])
+def test_the_host_wait_is_expected_exactly_when_the_policy_holds_a_newcomer_back(policy_name):
+    """The estimate reads the policy's guard from the snapshot, and applies the same rule."""
+    policy = make_scheduler(policy_name).policy
+    brand_new = make_request()
+    for num_used in range(300, 365):
+        load = base(num_host_blocks=364, num_free_host_blocks=364 - num_used,
+                    host_admission_guard=policy.host_admission_guard, release_blocks_per_s=1.0)  # fmt: skip
+        memory = MemoryState(100, 100, 10, num_used / 364)
+        is_held_back = not policy.may_admit(brand_new, memory)
+        is_wait = ESTIMATOR.first_token(load, 16, None, deadline=5.0).memory_s > 0
+        assert is_wait == is_held_back, num_used

@@ -72,6 +72,7 @@ class KVStats:
     num_swap_out_blocks: int = 0
     num_swap_in_blocks: int = 0
     num_writeback_blocks: int = 0
+    num_reclaimed_shadows: int = 0  # shadows dropped to make host room for a swap-out
     num_prefix_query_tokens: int = 0  # all tokens of each request looked up (vLLM's queries)
     num_prefix_hit_tokens: int = 0
     num_window_freed_blocks: int = 0  # device blocks freed out of the sliding window
@@ -233,7 +234,43 @@ class TwoTierKVManager:
         return sum(1 for block in computed if block not in self.shadow_of)
 
     def can_swap_out(self, request: Request) -> bool:
-        return self.num_swap_out_copies(request) <= self.host.num_free_blocks
+        keep = _live(self._table(request).device)
+        num_room = self.host.num_free_blocks + len(self._reclaimable(keep))
+        return self.num_swap_out_copies(request) <= num_room
+
+    # --- host room --------------------------------------------------------------------------
+    # A shadow only its pairing holds is a cache of a live device block: the host tier
+    # drops it when a swap-out needs the room, and it does not count as host memory in use
+    # for the policies' guards (eager write-back alone would fill the host with them).
+    def _reclaimable(self, keep: Iterable[int] = ()) -> list[int]:
+        """Device blocks whose shadow could be dropped now (held by the pairing alone, its
+        copy landed), except those of `keep`."""
+        kept = set(keep)
+        return [block for block, shadow in self.shadow_of.items()
+                if self.host.ref_counts[shadow] == 1 and not self.host.is_inflight(shadow)
+                and block not in kept]  # fmt: skip
+
+    @property
+    def num_reclaimable_host_blocks(self) -> int:
+        return len(self._reclaimable())
+
+    @property
+    def host_usage_pinned(self) -> float:
+        """Fraction of host blocks in use other than reclaimable shadows: rotated-out KV,
+        shadows it shares, copies in flight."""
+        host = self.host
+        num_pinned = host.num_blocks - host.num_free_blocks - self.num_reclaimable_host_blocks
+        return num_pinned / host.num_blocks if host.num_blocks else 0.0
+
+    def _reclaim_host(self, num_needed: int, keep: Iterable[int]) -> None:
+        """Drop reclaimable shadows (not those of `keep`) until `num_needed` host blocks
+        are free."""
+        num_short = num_needed - self.host.num_free_blocks
+        if num_short <= 0:
+            return
+        for block in self._reclaimable(keep)[:num_short]:
+            self._drop_shadow(block)
+            self.stats.num_reclaimed_shadows += 1
 
     def num_blocks_freed_by_swap_out(self, request: Request) -> int:
         """Device blocks a swap-out would release (those not shared), some of them only
@@ -244,6 +281,7 @@ class TwoTierKVManager:
     def swap_out(self, request: Request) -> None:
         """Move the request's computed KV to the host tier; its device blocks are released."""
         table = self._table(request)
+        self._reclaim_host(self.num_swap_out_copies(request), keep=_live(table.device))
         host_blocks, pairs = [], []
         for block in table.device[: self._num_computed_blocks(request)]:
             shadow = self.shadow_of.get(block)

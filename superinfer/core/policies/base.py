@@ -24,13 +24,16 @@ class MemoryState:
     num_device_blocks: int
     num_free_device_blocks: int  # free now or once in-flight copies land
     num_demand_blocks: int  # blocks all unfinished requests need for their next token
-    host_usage: float  # fraction of host blocks in use
+    host_usage: float  # fraction of host blocks in use, reclaimable shadows not counted
     num_swapped_requests: int = 0
 
 
 class SchedulingPolicy(ABC):
     name: ClassVar[str]
     is_preempt_by_swap: ClassVar[bool] = False  # victims go to the host tier, else recompute
+    # host-tier usage past which brand-new requests wait (1: never); admission's estimate
+    # counts that wait too (slo/estimate.py)
+    host_admission_guard: ClassVar[float] = 1.0
     is_eager_writeback: ClassVar[bool] = False  # copy full blocks to host shadows early
     # waiting requests are admitted earliest next deadline first (as VLT and slack orders
     # do), so a newcomer waits only for those due before it; else for the whole queue

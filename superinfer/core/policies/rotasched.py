@@ -40,6 +40,7 @@ class RotaSched(SchedulingPolicy):
     is_queue_by_deadline = True
     is_preempt_by_swap = True
     is_eager_writeback = True
+    host_admission_guard = HOST_ADMISSION_GUARD
 
     def order_queue(
         self, waiting: Sequence[Request], swapped: Sequence[Request], now: float
@@ -53,7 +54,7 @@ class RotaSched(SchedulingPolicy):
 
     def may_admit(self, request: Request, memory: MemoryState) -> bool:
         is_brand_new = request.status is RequestStatus.WAITING and request.num_output_tokens == 0
-        return not (is_brand_new and memory.host_usage > HOST_ADMISSION_GUARD)
+        return not (is_brand_new and memory.host_usage > self.host_admission_guard)
 
     def rotation_target(self, memory: MemoryState) -> int:
         budget = self.rotation_budget(memory.num_device_blocks)
