@@ -298,7 +298,7 @@ class Scheduler:
             num_demand_blocks=sum(
                 self.kv.num_blocks_held_for(r.num_tokens) for r in self.requests.values()
             ),
-            host_usage=self.kv.host_usage_pinned,
+            host_usage=self.kv.host_usage_pinned(self.policy.host_admission_guard),
             num_swapped_requests=len(self.swapped),
         )
 

@@ -93,7 +93,9 @@ def build_snapshot(scheduler: Scheduler, transfer: TransferStats) -> EngineSnaps
         block_size=kv.block_size,
         num_free_device_blocks=kv.device.num_free_blocks + kv.device.num_quarantined_blocks,
         num_free_host_blocks=kv.host.num_free_blocks,
-        num_reclaimable_host_blocks=kv.num_reclaimable_host_blocks,
+        num_reclaimable_host_blocks=kv.num_reclaimable_host_blocks(
+            scheduler.policy.host_admission_guard
+        ),
         running_blocks_by_class=_blocks_by_class(scheduler),
         swapped_blocks_by_class=swapped_blocks_by_class(scheduler),
         num_released_blocks=stats.num_released_blocks,

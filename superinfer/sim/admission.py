@@ -91,7 +91,8 @@ class SimAdmission:
             num_free_device_blocks=kv.device.num_free_blocks + kv.device.num_quarantined_blocks,
             num_free_host_blocks=kv.host.num_free_blocks, running_blocks_by_class=blocks,
             num_host_blocks=kv.host.num_blocks,
-            num_reclaimable_host_blocks=kv.num_reclaimable_host_blocks,
+            num_reclaimable_host_blocks=kv.num_reclaimable_host_blocks(
+                scheduler.policy.host_admission_guard),
             host_admission_guard=scheduler.policy.host_admission_guard,
             swapped_blocks_by_class=swapped_blocks_by_class(scheduler),
             release_blocks_per_s=self.release_blocks_per_s,

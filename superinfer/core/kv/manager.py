@@ -234,9 +234,11 @@ class TwoTierKVManager:
         return sum(1 for block in computed if block not in self.shadow_of)
 
     def can_swap_out(self, request: Request) -> bool:
+        num_copies = self.num_swap_out_copies(request)
+        if num_copies <= self.host.num_free_blocks:
+            return True
         keep = _live(self._table(request).device)
-        num_room = self.host.num_free_blocks + len(self._reclaimable(keep))
-        return self.num_swap_out_copies(request) <= num_room
+        return num_copies <= self.host.num_free_blocks + len(self._reclaimable(keep))
 
     # --- host room --------------------------------------------------------------------------
     # A shadow only its pairing holds is a cache of a live device block: the host tier
@@ -250,16 +252,18 @@ class TwoTierKVManager:
                 if self.host.ref_counts[shadow] == 1 and not self.host.is_inflight(shadow)
                 and block not in kept]  # fmt: skip
 
-    @property
-    def num_reclaimable_host_blocks(self) -> int:
-        return len(self._reclaimable())
+    def num_reclaimable_host_blocks(self, past_usage: float = 0.0) -> int:
+        """Shadows that could be dropped now, counted only while the raw host usage is past
+        `past_usage` (0 below it): the count scans every shadow, and below a guard's usage
+        no guard there or higher can trip whatever the count is."""
+        return len(self._reclaimable()) if self.host.usage > past_usage else 0
 
-    @property
-    def host_usage_pinned(self) -> float:
-        """Fraction of host blocks in use other than reclaimable shadows: rotated-out KV,
-        shadows it shares, copies in flight."""
+    def host_usage_pinned(self, past_usage: float = 0.0) -> float:
+        """Fraction of host blocks in use other than reclaimable shadows (rotated-out KV,
+        shadows it shares, copies in flight); the raw usage while it is <= `past_usage`."""
         host = self.host
-        num_pinned = host.num_blocks - host.num_free_blocks - self.num_reclaimable_host_blocks
+        num_used = host.num_blocks - host.num_free_blocks
+        num_pinned = num_used - self.num_reclaimable_host_blocks(past_usage)
         return num_pinned / host.num_blocks if host.num_blocks else 0.0
 
     def _reclaim_host(self, num_needed: int, keep: Iterable[int]) -> None:

@@ -32,7 +32,9 @@ class SchedulingPolicy(ABC):
     name: ClassVar[str]
     is_preempt_by_swap: ClassVar[bool] = False  # victims go to the host tier, else recompute
     # host-tier usage past which brand-new requests wait (1: never); admission's estimate
-    # counts that wait too (slo/estimate.py)
+    # counts that wait too (slo/estimate.py). A policy's other host guards lie at or above
+    # it: below it MemoryState.host_usage is the raw usage (reclaimable shadows are only
+    # counted past it, Scheduler.memory_state).
     host_admission_guard: ClassVar[float] = 1.0
     is_eager_writeback: ClassVar[bool] = False  # copy full blocks to host shadows early
     # waiting requests are admitted earliest next deadline first (as VLT and slack orders
