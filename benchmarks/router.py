@@ -14,7 +14,10 @@
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/router.py --out docs/results/router/router.json
 
 `--ray` adds the Ray Serve application's added latency (a separate direct server as its
-baseline, since a Ray replica has no port of its own), in the same run.
+baseline, since a Ray replica has no port of its own), in the same run. `--replica-args`
+passes the same `superinfer serve` flags to both rules' servers (the TBT lanes need
+`--tbt-shaped-steps`), and `--keep DIR` keeps each run's bench result, SLO log and server
+log; each run's summary says how many requests of each class each replica served.
 """
 
 from __future__ import annotations
@@ -47,13 +50,14 @@ PORTS_LINE = re.compile(r"Started \d+ replicas on [\d.]+ ports ([\d, ]+)")
 class Server:
     """A `superinfer serve` process and its log."""
 
-    def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None,
+                 cwd: Path = REPO) -> None:  # fmt: skip
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         with open(log, "wb") as out:
             self.process = subprocess.Popen([*SUPERINFER, "serve", "--port", str(self.port),
-                                             *args], cwd=REPO, env=env or offline_env(),
+                                             *args], cwd=cwd, env=env or offline_env(),
                                             stdout=out, stderr=out)  # fmt: skip
 
     def wait_ready(self, timeout_s: float = 300) -> None:
@@ -146,18 +150,22 @@ def ray_overhead(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
 
 def routing_run(args: argparse.Namespace, routing: str, repeat: int, tmp: Path) -> dict[str, Any]:
-    server = Server(["--replicas", "2", "--device", "cpu", "--routing", routing],
-                    tmp / f"{routing}_{repeat}.log")  # fmt: skip
-    out = tmp / f"{routing}_{repeat}.json"
+    keep = Path(args.keep) if args.keep else tmp
+    keep.mkdir(parents=True, exist_ok=True)
+    name = f"{routing}_{repeat}"
+    server = Server(["--replicas", "2", "--device", "cpu", "--routing", routing,
+                     "--slo-log", str(keep / f"{name}.slo.jsonl"), *args.replica_args],
+                    keep / f"{name}.log", cwd=args.repo)  # fmt: skip
+    out = keep / f"{name}.json"
     try:
         server.wait_ready()
         subprocess.run([*SUPERINFER, "bench", "serve", "--base-url", server.url,
                         "--endpoint", "/v1/chat/completions", "--dataset-name", "sharegpt",
                         "--request-rate", str(args.rate), "--duration", str(args.duration),
                         "--seed", str(args.seed), *targets_args(args), "--num-warmups", "2",
-                        "--save-result", "--result-dir", str(tmp), "--result-filename",
+                        "--save-result", "--result-dir", str(keep), "--result-filename",
                         out.name, "--label", routing, "--disable-tqdm"],
-                       cwd=REPO, env=offline_env(), check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+                       cwd=args.repo, env=offline_env(), check=True, stdout=subprocess.DEVNULL)  # fmt: skip
     finally:
         shutdown_s = server.stop()
     result = json.loads(out.read_text())
@@ -166,7 +174,20 @@ def routing_run(args: argparse.Namespace, routing: str, repeat: int, tmp: Path) 
     keys = ("num_prompts", "completed", "rejected", "slo_attainment", "goodput", "precision",
             "output_throughput", "median_ttft_ms", "p90_ttft_ms", "median_tpot_ms")  # fmt: skip
     return {"routing": routing, "repeat": repeat, "shutdown_s": round(shutdown_s, 2),
-            **{k: result.get(k) for k in keys}, "all_met_by_class": by_class}  # fmt: skip
+            **{k: result.get(k) for k in keys}, "all_met_by_class": by_class,
+            "served_by_replica": served_by_replica(keep / f"{name}.slo.jsonl")}  # fmt: skip
+
+
+def served_by_replica(slo_log: Path) -> dict[str, dict[str, int]]:
+    """Per class, how many requests each replica served (where the lanes formed), from
+    the SLO log every replica appends to."""
+    served: dict[str, dict[str, int]] = {}
+    for line in slo_log.read_text().splitlines():
+        record = json.loads(line)
+        if record["outcome"] == "finished" and record["replica"] is not None:
+            by_replica = served.setdefault(str(record["class"]), {})
+            by_replica[record["replica"]] = by_replica.get(record["replica"], 0) + 1
+    return served
 
 
 def targets_args(args: argparse.Namespace) -> list[str]:
@@ -189,10 +210,22 @@ def main() -> None:
     parser.add_argument("--ray", action="store_true", help="also Ray Serve's added latency")
     parser.add_argument("--skip-routing", action="store_true")
     parser.add_argument("--out", default=None, help="JSON summary path")
+    parser.add_argument("--keep", default=None, help="folder for each run's bench result, "
+                        "SLO log (every replica's records) and server log")  # fmt: skip
+    parser.add_argument("--repo", type=Path, default=REPO, help="checkout whose code the "
+                        "servers and the client run (they start in it, so `python -m` imports "
+                        "it first): another commit's `git worktree` for a before/after pair")  # fmt: skip
+    parser.add_argument("--routings", default="slo,power-of-two", help="the rules to run, "
+                        "comma-separated; each repeat alternates their order")  # fmt: skip
+    parser.add_argument("--replica-args", default="", help="extra `superinfer serve` flags "
+                        "for both rules' servers (one string, split on spaces)")  # fmt: skip
     args = parser.parse_args()
+    args.replica_args = args.replica_args.split()
     mix = "uniform: TTFT 1 s, TBT 200 ms" if args.uniform else MIX
     summary: dict[str, Any] = {"cpus": os.cpu_count(), "rate": args.rate, "mix": mix,
-                               "duration": args.duration, "seed": args.seed}  # fmt: skip
+                               "duration": args.duration, "seed": args.seed,
+                               "replica_args": args.replica_args,
+                               "repo": str(args.repo)}  # fmt: skip
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
         if not args.skip_overhead:
@@ -203,8 +236,8 @@ def main() -> None:
             print("ray overhead", json.dumps(summary["ray_overhead"]), flush=True)
         runs = []
         for repeat in range(0 if args.skip_routing else args.repeats):
-            order = ("slo", "power-of-two") if repeat % 2 == 0 else ("power-of-two", "slo")
-            for routing in order:
+            rules = args.routings.split(",")
+            for routing in rules if repeat % 2 == 0 else rules[::-1]:
                 runs.append(routing_run(args, routing, repeat, tmp))
                 print("routing", json.dumps(runs[-1]), flush=True)
         summary["routing_runs"] = runs

@@ -12,14 +12,19 @@ class order and the TTFT correction it learned), so the router's figures are the
 - TTFT: `slo/estimate.py`'s estimate of this request's first token on that load, the
   requests routed to the replica since its report queued with it, times the replica's
   learned correction: what the replica's admission will expect (`Admission.check`);
-- time between tokens (the replicas estimate none): the current step time, scaled by the
-  batch it will share: the running requests, those rotated out to the host tier, those
-  queued or routed since the last report, and this one, over the running ones;
+- time between tokens: `Estimator.tpot`, the replica's TBT check, on the batch it will
+  share (the running requests, those queued or routed since the last report, and this
+  one, at the step-time model's cost per row; a replica without a fitted model is priced
+  as if its step grew in proportion to its batch), with the prefill that will run in its
+  steps, plus a row for each request rotated out to the host tier (it takes its turns);
 - end to end: that TTFT, then that time between tokens per further token (admission's
   `finish_s` on a step that holds the batch: a burst that joins one replica slows every
-  token there, not only its first, so it spreads even when no target is set).
+  token there, not only its first, so it spreads even when no target is set);
+- the promises already made there: the least room any request decoding there, still on
+  track for its TPOT, has left once this one joins (`TpotEstimate.min_promise_slack`).
 Slack is the smallest of (target - estimate) / target over the targets the request has,
-so a replica is better when its worst-threatened target has more room.
+and of that room: a replica is better when the worst-threatened promise, its own or one
+already made there, has more room.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from superinfer.slo.estimate import Correction, EngineLoad, Estimator, Queued
+from superinfer.slo.estimate import Correction, Decoding, EngineLoad, Estimator, Queued
 
 QUEUE_FULL, SLO_INFEASIBLE = "queue_full", "slo_infeasible"
 
@@ -100,13 +105,10 @@ def learned_factors(correction: Correction, class_order: Sequence[str]) -> dict[
     return {name: correction.factor(name) for name in (*class_order, None)}
 
 
-_LOCAL_ONLY = frozenset({"decoding", "num_device_blocks"})
-
-
 def _plain_load(load: EngineLoad) -> dict[str, Any]:
-    # the router estimates first tokens only: the TBT check's fields stay on the replica
-    plain = {f.name: getattr(load, f.name) for f in fields(load) if f.name not in _LOCAL_ONLY}
-    plain["queued"] = [(q.deadline, q.num_tokens, q.slo_class) for q in load.queued]
+    plain = {f.name: getattr(load, f.name) for f in fields(load)}
+    plain["queued"] = [dataclasses.astuple(q) for q in load.queued]
+    plain["decoding"] = [dataclasses.astuple(d) for d in load.decoding]
     return {k: dict(v) if isinstance(v, Mapping) else v for k, v in plain.items()}
 
 
@@ -114,6 +116,7 @@ def _load_of(plain: Mapping[str, Any]) -> EngineLoad:
     known = {f.name for f in fields(EngineLoad)}
     values = {key: value for key, value in plain.items() if key in known}
     values["queued"] = tuple(Queued(*item) for item in values.get("queued", ()))
+    values["decoding"] = tuple(Decoding(*item) for item in values.get("decoding", ()))
     return EngineLoad(**values)
 
 
@@ -131,7 +134,8 @@ class Demand:
 
     def as_queued(self) -> Queued:
         """This request, waiting in a replica's queue (deadline on the Unix clock)."""
-        return Queued(self.ttft_deadline, self.num_prompt_tokens, self.slo_class)
+        return Queued(self.ttft_deadline, self.num_prompt_tokens, self.slo_class,
+                      self.num_prompt_tokens + self.max_tokens, self.tbt_s or 0.0)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -139,35 +143,46 @@ class Prediction:
     ttft_s: float
     tbt_s: float
     e2e_s: float
+    promise_slack: float = math.inf  # the least room a promise made there keeps
 
 
 def _with(load: ReplicaLoad, unreported: Sequence[Queued]) -> EngineLoad:
-    """The replica's engine load with the requests routed to it since its report queued."""
-    if not unreported:
-        return load.engine
-    return dataclasses.replace(load.engine, queued=load.engine.queued + tuple(unreported))
+    """The replica's engine load with the requests routed to it since its report queued,
+    and a per-row step cost (proportional to the batch when its step model has none)."""
+    engine = load.engine
+    if unreported:
+        engine = dataclasses.replace(engine, queued=engine.queued + tuple(unreported))
+    if engine.decode_row_s <= 0:
+        step_s = engine.decode_step_s or engine.step_time_s
+        engine = dataclasses.replace(engine, decode_row_s=step_s / max(1, load.num_running))
+    return engine
 
 
 def predict(load: ReplicaLoad, demand: Demand, unreported: Sequence[Queued] = ()) -> Prediction:
-    """The replica's estimates of this request's TTFT and end-to-end time, and the time
-    between tokens of the batch it joins (module docstring)."""
+    """The replica's estimates of this request's TTFT and end-to-end time, the time
+    between tokens of the batch it joins, and the room left to the promises made there
+    (module docstring)."""
     engine, estimator = _with(load, unreported), load.estimator
     first = estimator.first_token(
         engine, demand.num_prompt_tokens, demand.slo_class, demand.ttft_deadline
     )
     ttft = load.expected_ttft_s(first.raw_s, demand.slo_class)
-    batch = load.num_running + load.num_swapped + engine.num_queued + 1
-    tbt = engine.step_time_s * batch / max(1, load.num_running)
+    between = estimator.tpot(engine, demand.num_prompt_tokens, demand.max_tokens,
+                             demand.slo_class, demand.ttft_deadline, demand.tbt_s or 0.0)  # fmt: skip
+    # the requests rotated out to the host tier take their turns in the batch, a row each
+    tbt = between.tpot_s + load.num_swapped * engine.decode_row_s
     shared = dataclasses.replace(engine, step_time_s=tbt)
-    return Prediction(ttft, tbt, estimator.finish_s(shared, ttft, demand.max_tokens))
+    return Prediction(ttft, tbt, estimator.finish_s(shared, ttft, demand.max_tokens),
+                      between.min_promise_slack)  # fmt: skip
 
 
 def slack(prediction: Prediction, demand: Demand) -> float:
-    """Smallest relative slack over the request's targets; -e2e when it has none."""
+    """Smallest relative slack over the request's targets and the promises made on the
+    replica; -e2e when the request has no target (it is placed for speed alone)."""
     pairs = ((demand.ttft_s, prediction.ttft_s), (demand.tbt_s, prediction.tbt_s),
              (demand.deadline_s, prediction.e2e_s))  # fmt: skip
     relative = [(target - value) / target for target, value in pairs if target]
-    return min(relative) if relative else -prediction.e2e_s
+    return min(*relative, prediction.promise_slack) if relative else -prediction.e2e_s
 
 
 def is_queue_full(load: ReplicaLoad, demand: Demand, unreported: Sequence[Queued] = ()) -> bool:

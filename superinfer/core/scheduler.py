@@ -230,6 +230,50 @@ class Scheduler:
         overdue = [r for r, deadline in zip(decodes, deadlines) if deadline <= now]
         return max(min(deadlines) - now, self._decode_step_s(overdue or decodes[:1]))
 
+    @property
+    def is_shaping_steps(self) -> bool:
+        """Steps are shaped by TBT promises (configured, and the step model is ready)."""
+        model = self.step_model
+        return self.config.tbt_shaped_steps and model is not None and model.is_ready
+
+    def shaping_class(self) -> str | None:
+        """The most important class among the running decodes: a prompt of it or above
+        gets its whole prefill in a shaped step when only that keeps its TTFT; the prompts
+        below it get what `num_prefill_tokens_per_step` says."""
+        decodes = [r for r in self.running if r.last_token_time is not None]
+        senior = min(decodes, key=self.reservations.rank, default=None)
+        return senior.slo.slo_class if senior is not None else None
+
+    def num_prefill_tokens_per_step(self) -> int:
+        """The prompt tokens a shaped step carries beside the running decodes for a prompt
+        below `shaping_class`: those that fit under the tightest TBT promise among them, a
+        decode with a looser target counted in the share of steps it must join (at least
+        a block's worth; the configured budget when steps are not shaped). Admission
+        prices such a prompt's queue at this rate: a gold request decoding slows every
+        bronze prompt behind it, and the estimate must know."""
+        budget = self.config.max_num_batched_tokens
+        model = self.step_model
+        decodes = [r for r in self.running if r.last_token_time is not None]
+        if not self.is_shaping_steps or model is None or not decodes:
+            return budget
+        tightest_s = min(r.slo.tbt_s for r in decodes)
+        limit_s = self.config.tbt_headroom * tightest_s
+        num_rows = max(1, round(sum(tightest_s / r.slo.tbt_s for r in decodes)))
+        context = sum(r.num_computed_tokens + 1 for r in decodes) * num_rows // len(decodes)
+
+        def step_s(num_tokens: int) -> float:
+            pairs = num_tokens * (num_tokens + 1) / 2
+            shape = BatchShape(num_rows + 1, num_tokens, num_rows, num_rows + 1, pairs, context, 0)
+            return step_seconds(model, shape)
+
+        low, high = 0, budget  # bisection: the step grows with its tokens
+        if step_s(high) <= limit_s:
+            return budget
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if step_s(middle) <= limit_s else (low, middle)
+        return max(low, self.kv.block_size)
+
     def _decode_step_s(self, requests: list[Request]) -> float:
         """The predicted time of a step of one decode token for each of `requests`."""
         assert self.step_model is not None

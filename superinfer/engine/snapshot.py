@@ -36,6 +36,9 @@ class EngineSnapshot:
     step_time_s: float = 0.0  # moving average of steps that produced tokens
     decode_step_s: float = 0.0  # moving average of those without prefill tokens
     decode_row_s: float = 0.0  # one more decoding sequence's cost, by the step-time model
+    # prompt tokens a shaped step carries for a prompt below `shaping_class` (0: no engine)
+    num_prefill_tokens_per_step: int = 0
+    shaping_class: str | None = None  # the most important class decoding
     # running and rotated-out requests with their TPOT budgets (admission's TBT check)
     decoding: tuple[Decoding, ...] = ()
     num_steps: int = 0
@@ -101,6 +104,8 @@ def build_snapshot(scheduler: Scheduler, transfer: TransferStats) -> EngineSnaps
         num_released_blocks=stats.num_released_blocks,
         decoding=decoding_requests(scheduler),
         decode_row_s=decode_row_cost(scheduler),
+        num_prefill_tokens_per_step=scheduler.num_prefill_tokens_per_step(),
+        shaping_class=scheduler.shaping_class(),
     )
 
 

@@ -158,6 +158,8 @@ class EngineHost:
             queued=self.engine.queued(), step_time_s=step_time,
             prefill_s_per_token=self.engine.prefill_s_per_token,
             num_batched_tokens=self.engine_config.scheduler.max_num_batched_tokens,
+            num_shaped_batched_tokens=snapshot.num_prefill_tokens_per_step,
+            shaping_class=snapshot.shaping_class,
             is_queue_by_deadline=snapshot.is_queue_by_deadline,
             is_preempt_by_swap=snapshot.is_preempt_by_swap, block_size=snapshot.block_size,
             num_free_device_blocks=snapshot.num_free_device_blocks,

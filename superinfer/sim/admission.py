@@ -86,6 +86,8 @@ class SimAdmission:
             step_time_s=self.step_time_s if is_busy else self.idle_step_s,
             prefill_s_per_token=self.prefill_s_per_token,
             num_batched_tokens=scheduler.config.max_num_batched_tokens,
+            num_shaped_batched_tokens=scheduler.num_prefill_tokens_per_step(),
+            shaping_class=scheduler.shaping_class(),
             is_queue_by_deadline=scheduler.policy.is_queue_by_deadline,
             is_preempt_by_swap=scheduler.policy.is_preempt_by_swap, block_size=kv.block_size,
             num_free_device_blocks=kv.device.num_free_blocks + kv.device.num_quarantined_blocks,

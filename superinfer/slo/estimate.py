@@ -90,6 +90,10 @@ class EngineLoad:
     step_time_s: float = 0.0  # current time of one step
     prefill_s_per_token: float = 0.0  # measured prefill cost per prompt token
     num_batched_tokens: int = 512  # token budget of one step
+    # with steps shaped by TBT: the prompt tokens a step carries for a class below
+    # `shaping_class`, the most important one decoding (0: as num_batched_tokens)
+    num_shaped_batched_tokens: int = 0
+    shaping_class: str | None = None
     is_queue_by_deadline: bool = False  # the policy admits earliest deadline first
     is_preempt_by_swap: bool = False  # the policy makes room by rotating to the host tier
     block_size: int = 16
@@ -137,6 +141,9 @@ class TpotEstimate:
     tpot_s: float
     num_broken: int = 0  # decoding requests of its class or above it would push past budget
     num_committed_blocks: float = 0.0  # device KV promised with it (see `Estimator.tpot`)
+    # the least room, as a share of its TPOT budget, that any promise still kept (every
+    # class) has once this request joins: what a router weighs as the harm of placing it
+    min_promise_slack: float = math.inf
 
 
 class Estimator:
@@ -160,6 +167,15 @@ class Estimator:
                 ahead.append(queued)
         return ahead
 
+    def step_budget(self, load: EngineLoad, slo_class: str | None) -> int:
+        """The prompt tokens a step carries for a request of `slo_class`: the shaped budget
+        below the class decoding that shapes the steps, the whole budget at or above it
+        (the scheduler gives such a prompt its whole prefill when its TTFT is at risk)."""
+        is_junior = self.rank(slo_class) > self.rank(load.shaping_class)
+        if load.num_shaped_batched_tokens and is_junior:
+            return min(load.num_batched_tokens, load.num_shaped_batched_tokens)
+        return load.num_batched_tokens
+
     def first_token(
         self,
         load: EngineLoad,
@@ -169,7 +185,7 @@ class Estimator:
     ) -> FirstTokenEstimate:
         ahead = self.queue_ahead(load, slo_class, deadline)
         num_prefill = sum(q.num_tokens for q in ahead) + num_prompt_tokens
-        num_steps = -(-num_prefill // max(1, load.num_batched_tokens))
+        num_steps = -(-num_prefill // max(1, self.step_budget(load, slo_class)))
         compute_s = num_prefill * load.prefill_s_per_token + num_steps * load.step_time_s
         num_needed = sum(_blocks(q.num_tokens, load.block_size) for q in ahead)
         num_needed += _blocks(num_prompt_tokens, load.block_size)
@@ -200,26 +216,29 @@ class Estimator:
         pending_s = queued_s + sum(d.num_prefill_tokens for d in load.decoding) * per_token_s
         new_s = num_prompt_tokens * per_token_s
         rank = self.rank(slo_class)
-        num_broken = 0
+        num_broken, min_slack = 0, math.inf
         for d in load.decoding:
-            if d.num_remaining <= 0 or self.rank(d.slo_class) > rank:
+            if d.num_remaining <= 0:
                 continue
             spent_s = load.now - d.first_token_time if d.first_token_time is not None else 0.0
             cap_s = d.num_remaining * chunk_s
             budget_s = headroom * d.tbt_s * max(1, d.num_gaps)
             before_s = spent_s + d.num_remaining * step_s + min(pending_s, cap_s)
+            if before_s > budget_s:  # broken already, wherever this request goes
+                continue
             after_s = spent_s + d.num_remaining * step_after_s + min(pending_s + new_s, cap_s)
-            num_broken += before_s <= budget_s < after_s
+            min_slack = min(min_slack, (budget_s - after_s) / budget_s)
+            num_broken += after_s > budget_s and self.rank(d.slo_class) <= rank
         committed = self._committed_blocks(load, slo_class, step_after_s / headroom)
         committed += _duty(step_after_s / headroom, tbt_s) * _blocks(
             num_prompt_tokens + max_tokens - 1, load.block_size)  # fmt: skip
         if max_tokens <= 1:  # one token, or a length unknown: the gap is a step's
-            return TpotEstimate(step_after_s, num_broken, committed)
+            return TpotEstimate(step_after_s, num_broken, committed, min_slack)
         num_gaps = max_tokens - 1
         ahead_s = sum(q.num_tokens for q in self.queue_ahead(load, slo_class, deadline))
         behind_s = queued_s - ahead_s * per_token_s  # prefilled during its decode
         tpot_s = step_after_s + min(behind_s, num_gaps * chunk_s) / num_gaps
-        return TpotEstimate(tpot_s, num_broken, committed)
+        return TpotEstimate(tpot_s, num_broken, committed, min_slack)
 
     def _committed_blocks(self, load: EngineLoad, slo_class: str | None, step_s: float) -> float:
         """Device blocks the admitted requests of this class and above hold when done,

@@ -21,7 +21,7 @@ from superinfer.cluster.router import (
 )
 from superinfer.server.admission import Admission
 from superinfer.server.admission import Demand as AdmissionDemand
-from superinfer.slo.estimate import Correction, EngineLoad, Queued
+from superinfer.slo.estimate import Correction, Decoding, EngineLoad, Queued
 
 STEP, PREFILL = 0.05, 0.001  # seconds per decode step, per prompt token
 DEMAND = Demand(num_prompt_tokens=100, max_tokens=20, ttft_s=1.0, tbt_s=0.2)
@@ -104,13 +104,45 @@ def test_a_burst_without_targets_spreads_even_when_one_replica_steps_faster():
 
 
 def test_a_bronze_backlog_is_not_ahead_of_gold_on_the_replica_either():
-    gold = Demand(100, 20, ttft_s=1.0, tbt_s=0.2, slo_class="gold")
+    # 200 tokens: the backlog's 2 s of prefill, run in gold's steps, costs it 10 ms a gap
+    gold = Demand(100, 200, ttft_s=1.0, tbt_s=0.2, slo_class="gold")
     bronze_backlog = dataclasses.replace(_load("a", queued=queue(4, 2000, "bronze")),
                                          class_order=CLASSES)  # fmt: skip
     gold_queue = dataclasses.replace(_load("b", queued=queue(2, 600, "gold")), class_order=CLASSES)
     assert rank_replicas([bronze_backlog, gold_queue], gold) == ["a", "b"]
     bronze = dataclasses.replace(gold, slo_class="bronze")
     assert rank_replicas([bronze_backlog, gold_queue], bronze) == ["b", "a"]
+
+
+def lane(tbt_s: float, num_running: int, step_s: float, slo_class: str) -> ReplicaLoad:
+    """A replica decoding `num_running` requests of one class at `step_s` a step, each 50
+    tokens into 100 and on track for its TBT target."""
+    on_track = Decoding(tbt_s, 100, 50, -50 * step_s, 0, slo_class)
+    return _load(slo_class, step_time_s=step_s, num_running=num_running,
+                 decoding=(on_track,) * num_running)  # fmt: skip
+
+
+def test_requests_sort_themselves_by_their_tbt_instead_of_mixing():
+    """A short batch of 100 ms gold requests, a long one of 1 s bronze requests. Bronze
+    has more room of its own on the short batch, but it would cost gold its tokens there:
+    it goes to the long batch. Gold goes where the batch is short."""
+    gold_lane, bronze_lane = lane(0.1, 2, 0.06, "gold"), lane(1.0, 8, 0.16, "bronze")
+    bronze = Demand(100, 100, ttft_s=5.0, tbt_s=1.0, slo_class="bronze")
+    gold = Demand(100, 100, ttft_s=0.5, tbt_s=0.1, slo_class="gold")
+    own = {name: predict(load, bronze) for name, load in
+           (("gold", gold_lane), ("bronze", bronze_lane))}  # fmt: skip
+    assert own["gold"].tbt_s < own["bronze"].tbt_s  # its own targets alone: the short batch
+    assert own["gold"].promise_slack < slack(own["bronze"], bronze)
+    assert rank_replicas([gold_lane, bronze_lane], bronze) == ["bronze", "gold"]
+    assert rank_replicas([bronze_lane, gold_lane], gold) == ["gold", "bronze"]
+
+
+def test_the_promises_cross_to_the_router_in_the_report():
+    load = lane(0.1, 2, 0.06, "gold")
+    back = ReplicaLoad.from_stats("gold", load.to_stats())
+    assert back.engine.decoding == load.engine.decoding
+    demand = Demand(100, 100, ttft_s=5.0, tbt_s=1.0, slo_class="bronze")
+    assert predict(back, demand) == predict(load, demand)
 
 
 def test_the_replica_with_more_slack_comes_first():
@@ -158,7 +190,7 @@ def test_stats_are_plain_data_that_round_trip_and_an_unreported_replica_is_idle(
         class_order=CLASSES, ttft_factors={"gold": 1.5, None: 1.2}, ttft_floor_s=0.1,
     )  # fmt: skip
     stats = load.to_stats()
-    assert stats["engine"]["queued"] == [(12.0, 40, "gold"), (13.0, 7, None)]
+    assert stats["engine"]["queued"] == [(12.0, 40, "gold", 0, 0.0), (13.0, 7, None, 0, 0.0)]
     assert ReplicaLoad.from_stats("a", stats) == load
     assert ReplicaLoad.from_stats("z", {}) == ReplicaLoad("z")
 

@@ -189,3 +189,20 @@ def test_gold_passes_the_rotasched_host_guard_while_bronze_runs():
     s.add_request(gold)
     drive(s, LinearCost(), 50, now=now)
     assert gold.first_token_time is not None
+
+
+def test_a_shaped_step_carries_the_prompt_tokens_that_fit_beside_the_tightest_promise():
+    """What admission prices the queue ahead at: the full budget until something decodes
+    or when steps are not shaped; else the tokens that fit in gold's 90 ms step beside
+    the decodes due in it (gold, and 10 bronze at 1 s that join one step in ten)."""
+    model = LinearCost()
+    s, _, _ = gold_and_bronze(True, model, num_bronze=10)
+    assert s.num_prefill_tokens_per_step() == 256
+    drive(s, model, 5)
+    assert all(r.last_token_time is not None for r in s.running)
+    # 0.03 + 0.006 x 3 sequences + 0.0005 x (2 decode + t prefill tokens) <= 0.09: t = 82
+    assert s.num_prefill_tokens_per_step() in (81, 82)
+    assert s.shaping_class() == "gold"  # gold's prompts keep whole prefills when at risk
+    unshaped, _, _ = gold_and_bronze(False, model, num_bronze=10)
+    drive(unshaped, model, 5)
+    assert unshaped.num_prefill_tokens_per_step() == 256

@@ -52,6 +52,17 @@ def test_class_order_puts_lower_classes_behind():
     assert bronze.compute_s == pytest.approx(0.8 + 2 * 0.05)
 
 
+def test_shaped_steps_stretch_the_prefill_of_classes_below_the_one_decoding():
+    # gold decodes and shapes the steps: 64 prompt tokens a step for what is below gold
+    load = base(num_shaped_batched_tokens=64, shaping_class="gold")
+    bronze = ESTIMATOR.first_token(load, 640, "bronze", 0.0)
+    assert bronze.compute_s == pytest.approx(640 * 0.001 + 10 * 0.05)  # 10 steps, not 2
+    # gold's own prompt gets its whole prefill when its TTFT is at risk: the full budget
+    gold = ESTIMATOR.first_token(load, 640, "gold", 0.0)
+    assert gold.compute_s == pytest.approx(640 * 0.001 + 2 * 0.05)
+    assert ESTIMATOR.first_token(base(), 640, "bronze", 0.0).compute_s == gold.compute_s
+
+
 def test_memory_bound_waits_for_blocks_to_be_released():
     # 10 free blocks; the queue ahead and this one need 7 + 7 blocks of 16 tokens
     load = base(queued=(Queued(0.0, 100),), num_free_device_blocks=10, release_blocks_per_s=8.0)
@@ -187,6 +198,24 @@ def test_lower_classes_decoding_do_not_hold_back_higher_ones():
     assert ESTIMATOR.tpot(load, 6000, 11, "bronze", 5.0).num_broken == 1
     # with headroom 0.9 the budget is 18 s: 10 + 5 + 4 is over it
     assert ESTIMATOR.tpot(load, 4000, 11, "bronze", 5.0, headroom=0.9).num_broken == 1
+
+
+def test_the_room_left_to_promises_counts_every_class_still_on_track():
+    # budgets 20 s (gold, 200 ms) and 100 s (bronze, 1 s); 10 s spent, 50 tokens of 100 ms
+    gold = decoding(remaining=50, spent_s=10.0, slo_class="gold")
+    bronze = decoding(remaining=50, spent_s=10.0, tbt_s=1.0, slo_class="bronze")
+    lost = decoding(remaining=50, spent_s=18.0, slo_class="gold")  # over budget already
+    load = base(decode_step_s=0.1, now=10.0, decoding=(gold, bronze, lost))
+    # 2,000 tokens: 2 s of prefill in their steps; no per-row cost is known (0)
+    estimate = ESTIMATOR.tpot(load, 2000, 11, "bronze", 5.0)
+    assert estimate.min_promise_slack == pytest.approx((20 - 17) / 20)  # gold's, not lost's
+    assert estimate.num_broken == 0
+    # a gold newcomer is weighed against the bronze promise too (a router's harm), though
+    # only its own class and above can refuse it
+    only_bronze = base(decode_step_s=0.1, now=10.0, decoding=(bronze,))
+    estimate = ESTIMATOR.tpot(only_bronze, 2000, 11, "gold", 5.0)
+    assert estimate.min_promise_slack == pytest.approx((100 - 17) / 100)
+    assert ESTIMATOR.tpot(base(), 2000, 11, "gold", 5.0).min_promise_slack == float("inf")
 
 
 def test_committed_device_memory_weighs_each_request_by_its_tbt_duty():
