@@ -7,7 +7,9 @@ Pure Python over plain data: `EngineLoad` is built from the engine's published s
 
     first token = (compute + memory) / (1 - higher), times the learned correction
     compute     = (prompt tokens queued ahead + this prompt) x prefill cost per token
-                  + one step per step's worth of those tokens
+                  + one step per step's worth of those tokens (with steps shaped by
+                    TBT, the tokens a shaped step carries for a class below the one
+                    decoding: a gold request decoding slows the bronze queue)
     memory      = blocks the queue ahead, the rotated-out requests of this class and
                   those above (they come back first) and this request need beyond what is
                   free or can be taken from lower classes, over the rate at which finishing
