@@ -16,6 +16,7 @@ out steps instead of slowing every one of them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from superinfer.config import SchedulerConfig
@@ -97,17 +98,23 @@ class _StepPlan:
     def num_tokens_that_fit(self, request: Request, num_tokens: int) -> int:
         """The largest chunk of at most `num_tokens` that keeps the step within the limit
         (step time grows with tokens: bisection)."""
-        if self.fits(request, num_tokens):
-            return num_tokens
-        low, high = 0, num_tokens  # fits(low) holds (or low is 0), fits(high) does not
-        while high - low > 1:
-            middle = (low + high) // 2
-            low, high = (middle, high) if self.fits(request, middle) else (low, middle)
-        return low
+        return largest_that_fits(num_tokens, lambda n: self.fits(request, n))
 
     @property
     def has_prefill(self) -> bool:
         return self.shape.num_prefill_tokens > 0
+
+
+def largest_that_fits(num_tokens: int, fits: Callable[[int], bool]) -> int:
+    """The largest n <= `num_tokens` with `fits(n)` (0 if none), for a `fits` that holds
+    up to some n and fails past it (a step's time grows with its tokens): bisection."""
+    if fits(num_tokens):
+        return num_tokens
+    low, high = 0, num_tokens  # fits(low) holds (or low is 0), fits(high) does not
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
 
 
 def _shape_entry(request: Request, num_tokens: int) -> tuple[int, int, bool]:
@@ -220,8 +227,7 @@ class Scheduler:
         """The most this step may take: until the tightest next-token deadline among the
         running decodes, but never less than a step of the decodes already overdue (late
         requests are served, not starved by ever shorter steps). None: no shaping."""
-        model = self.step_model
-        if not self.config.tbt_shaped_steps or model is None or not model.is_ready:
+        if not self.is_shaping_steps:
             return None
         decodes = [r for r in self.running if r.last_token_time is not None]
         if not decodes:
@@ -239,7 +245,10 @@ class Scheduler:
     def shaping_class(self) -> str | None:
         """The most important class among the running decodes: a prompt of it or above
         gets its whole prefill in a shaped step when only that keeps its TTFT; the prompts
-        below it get what `num_prefill_tokens_per_step` says."""
+        below it get what `num_prefill_tokens_per_step` says. None when steps are not
+        shaped (no class slows another's prompts then)."""
+        if not self.is_shaping_steps:
+            return None
         decodes = [r for r in self.running if r.last_token_time is not None]
         senior = min(decodes, key=self.reservations.rank, default=None)
         return senior.slo.slo_class if senior is not None else None
@@ -251,10 +260,11 @@ class Scheduler:
         a block's worth; the configured budget when steps are not shaped). Admission
         prices such a prompt's queue at this rate: a gold request decoding slows every
         bronze prompt behind it, and the estimate must know."""
-        budget = self.config.max_num_batched_tokens
-        model = self.step_model
+        budget, model = self.config.max_num_batched_tokens, self.step_model
+        if not self.is_shaping_steps or model is None:  # checked first: built every step
+            return budget
         decodes = [r for r in self.running if r.last_token_time is not None]
-        if not self.is_shaping_steps or model is None or not decodes:
+        if not decodes:
             return budget
         tightest_s = min(r.slo.tbt_s for r in decodes)
         limit_s = self.config.tbt_headroom * tightest_s
@@ -266,13 +276,7 @@ class Scheduler:
             shape = BatchShape(num_rows + 1, num_tokens, num_rows, num_rows + 1, pairs, context, 0)
             return step_seconds(model, shape)
 
-        low, high = 0, budget  # bisection: the step grows with its tokens
-        if step_s(high) <= limit_s:
-            return budget
-        while high - low > 1:
-            middle = (low + high) // 2
-            low, high = (middle, high) if step_s(middle) <= limit_s else (low, middle)
-        return max(low, self.kv.block_size)
+        return max(largest_that_fits(budget, lambda n: step_s(n) <= limit_s), self.kv.block_size)
 
     def _decode_step_s(self, requests: list[Request]) -> float:
         """The predicted time of a step of one decode token for each of `requests`."""
