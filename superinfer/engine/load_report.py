@@ -34,8 +34,9 @@ def _model_line(engine: LLMEngine) -> str:
     if info.quantization == "none":
         quantization = "none"
     elif info.num_quantized_linears:  # the int4 kernel (model/quant.py) on the GGUF blocks
+        embedding = ", the token embedding kept Q8_0" if info.is_embedding_quantized else ""
         quantization = (f"{info.quantization} ({info.format}, {info.num_quantized_linears} "
-                        f"linear layers run quantized, int4 kernel; the rest in "
+                        f"linear layers run quantized, int4 kernel{embedding}; the rest in "
                         f"{_name(engine.dtype)})")  # fmt: skip
     else:
         quantization = (f"{info.quantization} ({info.format}, dequantized to "

@@ -179,7 +179,7 @@ class DecoderForCausalLM(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.embed_tokens.weight.dtype
+        return self.model.norm.weight.dtype
 
     def tie_weights(self) -> None:
         """Share the embedding with lm_head if the config says so (again after to_empty)."""

@@ -47,13 +47,18 @@ context; their local layers still skip the blocks out of the window.
 
 | format | `--quantization` | how it runs |
 |---|---|---|
-| GGUF Q4_0, Q4_1, Q8_0 | `gguf` | kept quantized: each 32-weight block becomes one (scale, zero) group of PyTorch's CPU int4 kernel (`aten._weight_int4pack_mm_for_cpu`, bfloat16 activations); Q8_0 as two 4-bit planes (`superinfer/model/quant.py`) |
+| GGUF Q4_0, Q4_1, Q8_0 | `gguf` | kept quantized: each 32-weight block becomes one (scale, zero) group of PyTorch's CPU int4 kernel (`aten._weight_int4pack_mm_for_cpu`, bfloat16 activations); Q8_0 as two 4-bit planes (`superinfer/model/quant.py`); a Q8_0 token embedding stays Q8_0, and a step dequantizes the rows it reads |
 | GGUF, any type gguf-py dequantizes (F16, Q4_K, Q6_K, ...) | `none` | dequantized to `--dtype` at load |
 | safetensors float checkpoints | `none` | as stored, in `--dtype` |
 | AWQ, GPTQ, FP8 checkpoints | - | refused, naming what is supported |
 
-`auto` (the default) is `gguf` where benchmarks/quantized_decode.py measured it faster,
-else `none` (`superinfer.model.loader.auto_quantizes`).
+`auto` (the default) is `gguf` where benchmarks/quantized_decode.py measured it faster
+(the CPU, in bfloat16), else `none` (`superinfer.model.loader.auto_quantizes`). On the CPU
+it is a hybrid, by the rows a step multiplies (`benchmarks/int4_rows.py`): the int4 kernel
+reads a quarter of the bytes but computes more slowly, so it runs steps of at most 8 rows
+(decode of a few requests), and each layer keeps a dense bfloat16 copy of the same weights
+(the scales rounded to bfloat16 as the kernel holds them) for larger steps (prefill, big
+batches); lm_head switches after 2 rows, where oneDNN's GEMM is faster.
 
 ## Adding a model
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -10,21 +11,21 @@ from dataclasses import dataclass
 
 import torch
 from safetensors import safe_open
-from torch import Tensor
+from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
 from superinfer.model.config import ModelConfig
 from superinfer.model.cpu_linear import pack_linears
 from superinfer.model.decoder import DecoderForCausalLM
 from superinfer.model.gguf_checkpoint import GGUFCheckpoint
-from superinfer.model.quant import int4_kernel_available, quantize_linears
+from superinfer.model.quant import int4_kernel_available, quantize_embedding, quantize_linears
 from superinfer.model.registry import hf_architecture
 from superinfer.model.tokenizer import load_tokenizer
 
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 QUANTIZATIONS = ("auto", "none", "gguf")
 AUTO_INT4 = True  # measured faster (single-request TPOT): benchmarks/quantized_decode.py
-AUTO_MAX_INT4_ROWS = 4  # auto: steps of more rows run the dense copy (Int4Linear.keep_dense)
+AUTO_MAX_INT4_ROWS = 8  # auto: steps of more rows run the dense copy (benchmarks/int4_rows.py)
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class CheckpointInfo:
     architecture: str  # "llama" (GGUF), "LlamaForCausalLM" (HF)
     quantization: str  # "Q4_1", "awq", "none"
     num_quantized_linears: int = 0  # linear layers run on their quantized weights
+    is_embedding_quantized: bool = False  # the token embedding kept in its GGUF blocks
 
 
 @dataclass
@@ -140,12 +142,36 @@ def build_model(
 ) -> DecoderForCausalLM:
     """Allocate the model without initialising it, then copy in HF-named `weights`
     (see `superinfer.model.weights.load_hf_weights` for `interleaved_qk`)."""
-    with torch.device("meta"):
+    with torch.device("meta"), _without_init():
         model = DecoderForCausalLM(config).to(dtype)
     model.to_empty(device=device)
     model.tie_weights()  # to_empty unties shared parameters
     model.load_weights(weights, interleaved_qk)
     return model.eval()
+
+
+_INITS = ("uniform_", "normal_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_",
+          "xavier_normal_", "trunc_normal_", "zeros_", "ones_", "constant_")  # fmt: skip
+
+
+@contextlib.contextmanager
+def _without_init() -> Iterator[None]:
+    """Modules built without initialising their parameters (the checkpoint overwrites
+    them). Initialising a meta tensor runs a Python decomposition that imports
+    torch._dynamo (and triton where it is installed): about 70 MB (140 MB) of resident
+    memory a server never uses."""
+    saved = {name: getattr(nn.init, name) for name in _INITS}
+    for name in _INITS:
+        setattr(nn.init, name, _keep)
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(nn.init, name, fn)
+
+
+def _keep(tensor: Tensor, *args: object, **kwargs: object) -> Tensor:
+    return tensor
 
 
 def load_gguf_model(
@@ -155,14 +181,15 @@ def load_gguf_model(
     checkpoint = GGUFCheckpoint(path)
     config = checkpoint.config()
     model = build_model(config, checkpoint.weights(), dtype, device, checkpoint.interleaved_qk)
-    swapped = []
+    swapped, is_embedding_quantized = [], False
     if _quantizes(quantization, dtype, device):
         hybrid = AUTO_MAX_INT4_ROWS if quantization == "auto" else None
         swapped = quantize_linears(model, checkpoint.tensors, checkpoint.interleaved_qk, hybrid)
+        is_embedding_quantized = quantize_embedding(model, checkpoint.tensors)
     if quantization == "gguf" and not swapped:
         raise ValueError(f"--quantization gguf: {path} has no Q4_0, Q4_1 or Q8_0 linear layer")
     info = CheckpointInfo(path, "gguf", checkpoint.architecture, checkpoint.quantization,
-                          len(swapped))  # fmt: skip
+                          len(swapped), is_embedding_quantized)  # fmt: skip
     return model, info
 
 

@@ -22,6 +22,10 @@ from gguf import GGMLQuantizationType, ReaderTensor
 from torch import Tensor, nn
 
 GROUP = 32
+# measured on the default model (benchmarks/int4_rows.py): the int4 lm_head is faster at
+# 1-2 rows (2.0 against 2.6 ms at 1), the dense one from 3 (2.6 against 4.3 ms at 4)
+LM_HEAD_MAX_INT4_ROWS = 2
+_DEQUANT_ROWS = 4096
 QUANT_TYPES = {
     GGMLQuantizationType.Q4_0: "Q4_0",
     GGMLQuantizationType.Q4_1: "Q4_1",
@@ -56,26 +60,80 @@ class Int4Linear(nn.Module):
         sz = torch.stack([scales.t(), zeros.t()], -1)  # (K' / 32, N, 2)
         self.scales_zeros = sz.to(torch.bfloat16).contiguous()
 
+    def dequantized(
+        self, nibbles: Tensor, scales: Tensor, zeros: Tensor, dtype: torch.dtype
+    ) -> Tensor:
+        """(N, in_features) in `dtype`: the weights this layer multiplies by, with the
+        scales and zeros rounded to bfloat16 as the kernel holds them (planes summed; in
+        float32, a few thousand rows at a time, then rounded once)."""
+        out = torch.empty(self.out_features, self.in_features, dtype=dtype)
+        groups = nibbles.shape[1] // GROUP
+        for start in range(0, self.out_features, _DEQUANT_ROWS):
+            rows = slice(start, start + _DEQUANT_ROWS)
+            s = scales[rows].to(torch.bfloat16).float().unsqueeze(-1)  # (n, groups, 1)
+            z = zeros[rows].to(torch.bfloat16).float().unsqueeze(-1)
+            w = nibbles[rows].float().view(-1, groups, GROUP).sub_(8).mul_(s).add_(z)
+            out[rows] = w.view(-1, self.num_planes, self.in_features).sum(1)
+        return out
+
     def keep_dense(self, linear: nn.Linear, max_int4_rows: int) -> None:
         """Run steps of more than `max_int4_rows` rows (prefill chunks, large batches) on
-        `linear`, the dense dequantized layer: the int4 kernel reads fewer bytes, which
-        wins while a step is bound by reading the weights (decode), and loses to a dense
-        GEMM beyond a few rows (measured: 2.7x slower at 16 rows, 2x at 256)."""
+        `linear`, a dense layer (holding the `dequantized` weights): the int4 kernel reads
+        fewer bytes, which wins while a step is bound by reading the weights (decode), and
+        loses to a dense GEMM beyond a few rows (benchmarks/int4_rows.py: faster up to 8
+        rows on the default model, 1.8x slower at 32)."""
         self.dense, self.max_int4_rows = linear, max_int4_rows
 
     def forward(self, x: Tensor) -> Tensor:
         if self.dense is not None and x.shape[0] > self.max_int4_rows:
             return self.dense(x)
-        dtype = x.dtype
-        x = x.to(torch.bfloat16)
+        dtype = x.dtype  # conversions only where needed: a decode step makes 120 calls
+        if dtype != torch.bfloat16:
+            x = x.to(torch.bfloat16)
         if self.num_planes == 2:
             x = torch.cat([x, x], -1)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP, self.scales_zeros)
-        y = y.to(dtype)
+        if dtype != torch.bfloat16:
+            y = y.to(dtype)
         return y if self.bias is None else y.add_(self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int4"
+
+
+class Q8Embedding(nn.Module):
+    """A frozen embedding table kept as its GGUF Q8_0 blocks (int8 values, one scale per 32):
+    a lookup dequantizes only the rows it reads, to the values the dense table would hold
+    (the float32 product d * q, rounded to `dtype`), in about half the memory (bfloat16)."""
+
+    def __init__(self, tensor: ReaderTensor, dtype: torch.dtype) -> None:
+        super().__init__()
+        num_rows = int(tensor.shape[-1])
+        blocks = np.asarray(tensor.data).reshape(num_rows, -1, 34)
+        scales = blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)
+        values = blocks[..., 2:].copy().view(np.int8).reshape(num_rows, -1)
+        self.register_buffer("values", torch.from_numpy(values), persistent=False)  # (V, C)
+        self.register_buffer("scales", torch.from_numpy(scales), persistent=False)  # (V, C/32)
+        self.num_embeddings, self.embedding_dim = values.shape
+        self.dtype = dtype
+
+    def forward(self, ids: Tensor) -> Tensor:
+        q = self.values[ids].unflatten(-1, (-1, GROUP)).float()  # (T, C/32, 32)
+        return q.mul_(self.scales[ids].unsqueeze(-1)).flatten(-2).to(self.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, Q8_0"
+
+
+def quantize_embedding(model: nn.Module, tensors: dict[str, ReaderTensor]) -> bool:
+    """Swap the model's token embedding for a Q8Embedding when the GGUF table is Q8_0.
+    A tied lm_head keeps its own reference to the dense weight (it stays until
+    `pack_linears` replaces that layer)."""
+    tensor = tensors.get("token_embd.weight")
+    if tensor is None or tensor.tensor_type != GGMLQuantizationType.Q8_0:
+        return False
+    model.model.embed_tokens = Q8Embedding(tensor, model.dtype)
+    return True
 
 
 def int4_planes(tensor: ReaderTensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -124,7 +182,9 @@ def quantize_linears(
     """Swap the model's linear layers whose GGUF tensors are all Q4_0, Q4_1 or Q8_0 (the
     same planes' width) for Int4Linear; returns the names swapped. Call it after the
     weights are loaded (biases and tied embeddings are taken from the model). With
-    `max_int4_rows`, each keeps its dense layer for larger steps (`Int4Linear.keep_dense`)."""
+    `max_int4_rows`, each keeps its dense layer for larger steps (`Int4Linear.keep_dense`);
+    lm_head switches sooner, after LM_HEAD_MAX_INT4_ROWS: on one (vocab, hidden) matrix
+    oneDNN's bfloat16 GEMM reads at full bandwidth (benchmarks/int4_rows.py)."""
     config = model.config
     sources = {"lm_head": ("output" if "output.weight" in tensors else "token_embd",)}
     for i in range(config.num_layers):
@@ -147,7 +207,13 @@ def quantize_linears(
         parent, _, child = name.rpartition(".")
         int4 = Int4Linear(*fused, linear.in_features, linear.bias)
         if max_int4_rows is not None:
-            int4.keep_dense(linear, max_int4_rows)
+            is_head = name == "lm_head"
+            # the dense copy computes what the kernel computes (same rounded scales): a
+            # request's tokens do not depend on how many rows shared its steps
+            weight = int4.dequantized(*fused, linear.weight.dtype)
+            linear.weight = nn.Parameter(weight, requires_grad=False)  # unties lm_head
+            int4.keep_dense(linear, min(max_int4_rows, LM_HEAD_MAX_INT4_ROWS) if is_head
+                            else max_int4_rows)  # fmt: skip
         setattr(model.get_submodule(parent), child, int4)
         swapped.append(name)
     return swapped

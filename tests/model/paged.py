@@ -26,7 +26,7 @@ class PagedRun:
     ) -> None:
         c = model.config
         self.model, self.block_size = model, block_size
-        self.device = model.model.embed_tokens.weight.device
+        self.device = model.model.norm.weight.device
         self.kv_cache = torch.zeros(
             num_blocks,
             c.num_layers,

@@ -11,7 +11,13 @@ from gguf.quants import dequantize
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from superinfer.model.loader import load_gguf_model
-from superinfer.model.quant import Int4Linear, int4_kernel_available, int4_planes
+from superinfer.model.quant import (
+    LM_HEAD_MAX_INT4_ROWS,
+    Int4Linear,
+    Q8Embedding,
+    int4_kernel_available,
+    int4_planes,
+)
 from tests.model.gguf_tiny import write_gguf
 from tests.model.paged import PagedRun
 from tests.model.tiny import PROMPT, TINY, save_tiny, tiny_configs
@@ -108,18 +114,44 @@ def test_quantization_flag_values(tmp_path, hf_models) -> None:
 
 
 @needs_kernel
-def test_auto_runs_small_steps_on_int4_and_large_ones_dense(hf_models, tmp_path) -> None:
-    path = write_gguf(hf_models["llama"], tmp_path / "a.gguf", "llama", GGMLQuantizationType.Q4_1)
+@pytest.mark.parametrize("qtype", QTYPES[1:], ids=lambda q: q.name)
+def test_auto_runs_small_steps_on_int4_and_large_ones_dense(qtype, hf_models, tmp_path) -> None:
+    path = write_gguf(hf_models["llama"], tmp_path / "a.gguf", "llama", qtype)
     models = {q: load_gguf_model(str(path), torch.bfloat16, CPU, q)[0]
               for q in ("auto", "gguf", "none")}  # fmt: skip
+    layers = {q: m.model.layers[0].mlp.gate_up_proj for q, m in models.items()}
+    assert isinstance(layers["auto"], Int4Linear) and layers["auto"].dense is not None
+    num_rows = layers["auto"].max_int4_rows + 5
+    x = torch.randn(num_rows, 64, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        assert torch.equal(layers["auto"](x[:1]), layers["gguf"](x[:1]))  # int4 kernel
+        dense = layers["auto"](x)  # the dense layer, on the weights the kernel uses
+        assert torch.equal(dense, layers["auto"].dense(x))
+        kernel, exact = layers["gguf"](x).float(), layers["none"](x).float()
+        # the kernel rounds the GGUF scales to bfloat16; the dense copy does the same
+        gap, exact_gap = (dense.float() - kernel).abs().mean(), (exact - kernel).abs().mean()
+        assert gap < exact_gap
+    head = models["auto"].lm_head  # switches to its dense layer sooner than the others
+    assert head.max_int4_rows == LM_HEAD_MAX_INT4_ROWS < layers["auto"].max_int4_rows
+    hidden = torch.randn(LM_HEAD_MAX_INT4_ROWS + 1, 64, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        assert torch.equal(head(hidden), head.dense(hidden))
+        assert torch.equal(head(hidden[:1]), models["gguf"].lm_head(hidden[:1]))
     runs = {q: PagedRun(m, 16, 4) for q, m in models.items()}
     prefill = {q: r.step([(r.add(PROMPT + [5]), len(PROMPT))], all_logits=True)
                for q, r in runs.items()}  # fmt: skip
-    assert torch.equal(prefill["auto"], prefill["none"])  # 13 rows: the dense layers
-    layers = {q: m.model.layers[0].mlp.gate_up_proj for q, m in models.items()}
-    assert isinstance(layers["auto"], Int4Linear) and layers["auto"].dense is not None
-    x = torch.randn(13, 64, dtype=torch.bfloat16)
+    assert torch.cosine_similarity(prefill["auto"], prefill["none"], dim=-1).min() > 0.999
+
+
+@needs_kernel
+def test_q8_embedding_reads_the_rows_the_dense_table_holds(hf_models, tmp_path) -> None:
+    path = write_gguf(hf_models["qwen3"], tmp_path / "e.gguf", "qwen3", GGMLQuantizationType.Q8_0)
+    dense, dense_info = load_gguf_model(str(path), torch.bfloat16, CPU, "none")
+    quantized, info = load_gguf_model(str(path), torch.bfloat16, CPU, "gguf")
+    assert info.is_embedding_quantized and not dense_info.is_embedding_quantized
+    table = quantized.model.embed_tokens
+    assert isinstance(table, Q8Embedding) and quantized.dtype == torch.bfloat16
+    assert table.values.dtype == torch.int8  # 1 byte a weight, not the dense table's 2
+    ids = torch.tensor([0, 7, 7, TINY["vocab_size"] - 1, 3])
     with torch.inference_mode():
-        assert torch.equal(layers["auto"](x[:1]), layers["gguf"](x[:1]))  # int4 kernel
-        assert torch.equal(layers["auto"](x), layers["none"](x))  # the dense layer
-        assert not torch.equal(layers["auto"](x[:1]), layers["none"](x[:1]))
+        assert torch.equal(table(ids), dense.model.embed_tokens(ids))
