@@ -159,7 +159,8 @@ def _without_init() -> Iterator[None]:
     """Modules built without initialising their parameters (the checkpoint overwrites
     them). Initialising a meta tensor runs a Python decomposition that imports
     torch._dynamo (and triton where it is installed): about 70 MB (140 MB) of resident
-    memory a server never uses."""
+    memory a server never uses. It patches `torch.nn.init` for the whole process while it
+    lasts: modules another thread builds meanwhile are not initialised either."""
     saved = {name: getattr(nn.init, name) for name in _INITS}
     for name in _INITS:
         setattr(nn.init, name, _keep)

@@ -91,7 +91,7 @@ def test_steps_that_do_not_fit_run_eagerly(tiny):
 def _runner(model, **kwargs) -> ModelRunner:
     c = model.config
     kv = KVCacheTiers.allocate(48, 0, c.num_layers, BLOCK_SIZE, c.num_kv_heads, c.head_dim,
-                               model.dtype, model.model.embed_tokens.weight.device)  # fmt: skip
+                               model.dtype, model.model.norm.weight.device)  # fmt: skip
     return ModelRunner(model, kv, BLOCK_SIZE, kv.device.device, **kwargs)
 
 
