@@ -108,10 +108,8 @@ class Q8Embedding(nn.Module):
 
     def __init__(self, tensor: ReaderTensor, dtype: torch.dtype) -> None:
         super().__init__()
-        num_rows = int(tensor.shape[-1])
-        blocks = np.asarray(tensor.data).reshape(num_rows, -1, 34)
-        scales = blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)
-        values = blocks[..., 2:].copy().view(np.int8).reshape(num_rows, -1)
+        scales, blocks = q8_0_blocks(tensor)
+        values = np.ascontiguousarray(blocks).view(np.int8).reshape(blocks.shape[0], -1)
         self.register_buffer("values", torch.from_numpy(values), persistent=False)  # (V, C)
         self.register_buffer("scales", torch.from_numpy(scales), persistent=False)  # (V, C/32)
         self.num_embeddings, self.embedding_dim = values.shape
@@ -136,6 +134,13 @@ def quantize_embedding(model: nn.Module, tensors: dict[str, ReaderTensor]) -> bo
     return True
 
 
+def q8_0_blocks(tensor: ReaderTensor) -> tuple[np.ndarray, np.ndarray]:
+    """A Q8_0 tensor's (scales (N, nb) float32, values (N, nb, 32) uint8 holding int8
+    bits): each block of 32 is an fp16 scale then 32 int8 values."""
+    blocks = np.asarray(tensor.data).reshape(int(tensor.shape[-1]), -1, 34)
+    return blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float32), blocks[..., 2:]
+
+
 def int4_planes(tensor: ReaderTensor) -> tuple[Tensor, Tensor, Tensor]:
     """(nibbles (N, K') uint8, scales and zeros (N, K'/32) float32) of a Q4_0, Q4_1 or Q8_0
     tensor."""
@@ -143,9 +148,8 @@ def int4_planes(tensor: ReaderTensor) -> tuple[Tensor, Tensor, Tensor]:
     num_rows = int(tensor.shape[-1])
     raw = np.asarray(tensor.data).reshape(num_rows, -1)
     if kind == GGMLQuantizationType.Q8_0:
-        blocks = raw.reshape(num_rows, -1, 34)
-        d = blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)
-        u = blocks[..., 2:] ^ np.uint8(0x80)  # q + 128 as uint8, (N, nb, 32)
+        d, values = q8_0_blocks(tensor)
+        u = values ^ np.uint8(0x80)  # q + 128 as uint8, (N, nb, 32)
         lo, hi = u & 15, u >> 4
         nibbles = np.concatenate([lo.reshape(num_rows, -1), hi.reshape(num_rows, -1)], 1)
         scales = np.concatenate([d, 16 * d], 1)
@@ -207,13 +211,12 @@ def quantize_linears(
         parent, _, child = name.rpartition(".")
         int4 = Int4Linear(*fused, linear.in_features, linear.bias)
         if max_int4_rows is not None:
-            is_head = name == "lm_head"
             # the dense copy computes what the kernel computes (same rounded scales): a
             # request's tokens do not depend on how many rows shared its steps
             weight = int4.dequantized(*fused, linear.weight.dtype)
             linear.weight = nn.Parameter(weight, requires_grad=False)  # unties lm_head
-            int4.keep_dense(linear, min(max_int4_rows, LM_HEAD_MAX_INT4_ROWS) if is_head
-                            else max_int4_rows)  # fmt: skip
+            head_rows = min(max_int4_rows, LM_HEAD_MAX_INT4_ROWS)
+            int4.keep_dense(linear, head_rows if name == "lm_head" else max_int4_rows)
         setattr(model.get_submodule(parent), child, int4)
         swapped.append(name)
     return swapped
