@@ -270,7 +270,8 @@ def _record_dict(result: RequestResult, record: RequestRecord, report: SLOReport
         "token_times_s": [rel(t) for t in record.token_times],
         "outcome": record.outcome, "status": result.status, "error_code": result.error_code,
         "error": result.error, "prompt_tokens": record.num_prompt_tokens,
-        "output_tokens": record.num_tokens_out, "finish_reason": record.finish_reason,
+        "max_tokens": result.spec.max_tokens, "output_tokens": record.num_tokens_out,
+        "finish_reason": record.finish_reason,
         "slo": report.to_dict(), "server_slo": result.server_slo,
     }  # fmt: skip
 

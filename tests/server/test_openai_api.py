@@ -234,7 +234,11 @@ def test_best_of_returns_the_most_likely_and_counts_every_sequence(server):
     counted(server, 2)
     every = server.post("/v1/completions", {**body, "n": 3, "best_of": None}).json()
     sums = [sum(c["logprobs"]["token_logprobs"]) for c in every["choices"]]
-    assert abs(best - max(sums)) < 1e-3
+    most_likely = every["choices"][sums.index(max(sums))]
+    assert choice["text"] == most_likely["text"]
+    # not to the last digit: under --quantization auto the rows a step carries pick the int4
+    # kernel or the dense copy (docs/models.md), and the two round differently
+    assert abs(best - max(sums)) < 0.1
     assert json.dumps(response)  # finite: no NaN or Infinity in the body
 
 
