@@ -1,7 +1,8 @@
 """Simulated against real, per SLO class: replay served runs in the simulator.
 
-Each input is a `superinfer bench serve` result of a superinfer server (the class runs of
-`benchmarks/slo_promise.sh`, with the server log beside it as `NAME.server.log`). The
+Each input is a `superinfer bench serve` result of a superinfer server (the runs of
+`benchmarks/slo_promise.sh`, with the server log beside it as `NAME.server.log`): a class
+mix, or one set of targets for every request (class "none"). The
 replay takes from it exactly what the real run had:
 
 - the workload: every request's scheduled arrival, prompt length (the server's count, chat
@@ -72,9 +73,14 @@ def sim_config_of(result: dict[str, Any], server_log: Path, predictor: str, seed
         raise ValueError(f"{server_log}: no 'device pool N blocks ... host pool M blocks' line")
     cache = dataclasses.replace(engine.cache, num_device_blocks=int(match[1]),
                                 num_host_blocks=int(match[2]))  # fmt: skip
+    workload = result["workload"]
+    # requests without a class carry the client's targets (with classes: each class's own)
+    targets = {} if workload["slo_classes"] else {"ttft_slo_ms": workload["ttft_slo_ms"],
+                                                  "tbt_slo_ms": workload["tbt_slo_ms"]}  # fmt: skip
     return SimConfig(scheduler=engine.scheduler, cache=cache, hardware="cpu",
                      model="smollm2-135m", predictor=predictor, noise_seed=seed,
-                     admission=server.reject_infeasible_ttft, slo_config=server.slo_config)  # fmt: skip
+                     admission=server.reject_infeasible_ttft, slo_config=server.slo_config,
+                     **targets)  # fmt: skip
 
 
 def shares(attainment: dict[str, Any]) -> dict[str, float | None]:
