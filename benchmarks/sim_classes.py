@@ -2,8 +2,8 @@
 
 Each input is a `superinfer bench serve` result of a superinfer server (the runs of
 `benchmarks/slo_promise.sh`, with the server log beside it as `NAME.server.log`): a class
-mix, or one set of targets for every request (class "none"). The
-replay takes from it exactly what the real run had:
+mix, or one set of targets for every request (class "none"). The replay takes from it
+exactly what the real run had:
 
 - the workload: every request's scheduled arrival, prompt length (the server's count, chat
   template included; for a refused request the client's), requested output length
