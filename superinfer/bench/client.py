@@ -23,7 +23,7 @@ import httpx
 
 from superinfer.slo import SLOTargets
 from superinfer.slo.metrics import ABORTED, CAPACITY_REJECTIONS, FINISHED, REJECTED, RequestRecord
-from superinfer.slo.wire import slo_body, slo_headers
+from superinfer.slo.wire import HEADER_ESTIMATED_TTFT, slo_body, slo_headers
 
 CAPACITY_STATUS = {425: "slo_infeasible", 429: "queue_full", 503: "not_ready"}
 
@@ -71,6 +71,7 @@ class RequestResult:
     finish_reason: str | None = None
     server_slo: dict[str, Any] | None = None
     num_chars: int = 0
+    estimated_ttft_ms: float | None = None  # the server's admission estimate, if it gave one
 
     @property
     def outcome(self) -> str:
@@ -119,6 +120,7 @@ async def send(client: httpx.AsyncClient, spec: RequestSpec, options: RequestOpt
     try:
         async with client.stream("POST", options.url, json=body, headers=headers) as response:
             result.status = response.status_code
+            result.estimated_ttft_ms = _float_or_none(response.headers.get(HEADER_ESTIMATED_TTFT))
             if response.status_code != 200:
                 await _read_error(response, result)
             else:
@@ -129,6 +131,13 @@ async def send(client: httpx.AsyncClient, spec: RequestSpec, options: RequestOpt
     if result.status == 200 and result.finish_reason is None and not result.error:
         result.error = "the stream ended without a finish reason"
     return result
+
+
+def _float_or_none(text: str | None) -> float | None:
+    try:
+        return float(text) if text is not None else None
+    except ValueError:
+        return None
 
 
 async def _read_error(response: httpx.Response, result: RequestResult) -> None:

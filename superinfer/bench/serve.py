@@ -273,6 +273,7 @@ def _record_dict(result: RequestResult, record: RequestRecord, report: SLOReport
         "max_tokens": result.spec.max_tokens, "output_tokens": record.num_tokens_out,
         "finish_reason": record.finish_reason,
         "slo": report.to_dict(), "server_slo": result.server_slo,
+        "estimated_ttft_ms": result.estimated_ttft_ms,
     }  # fmt: skip
 
 

@@ -32,13 +32,14 @@ from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
+from superinfer.core.step_time import BatchShape
 from superinfer.engine.llm_engine import LLMEngine
 from superinfer.engine.native_memory import release_free_memory
 from superinfer.engine.snapshot import EngineSnapshot, StepRecord, expected_outputs
 from superinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from superinfer.sampling_params import SamplingParams
 from superinfer.slo import SLOTargets
-from superinfer.slo.estimate import Queued, ReleaseRate
+from superinfer.slo.estimate import PrefillCost, Queued, ReleaseRate
 
 logger = logging.getLogger(__name__)
 
@@ -108,15 +109,21 @@ class AsyncEngine:
         self._engine: LLMEngine | None = None
         self.on_done = on_done
         self.snapshot = EngineSnapshot()
-        self.prefill_s_per_token = 0.0  # measured by the warm-up; used by estimates
+        # prefill's cost in served steps, learned from them; the warm-up sets its prior
+        # (`learn_prefill_cost`) before any request is served
+        self._prefill_cost = PrefillCost()
         self._streams: dict[str, RequestStream] = {}  # loop side
         # loop side: leader -> followers' adds held until its first output; follower -> leader
         self._held: dict[str, list[_Add]] = {}
         self._leader_of: dict[str, str] = {}
         self._active: set[str] = set()  # engine-thread side: added, not final
         self._commands: deque[Callable[[], None]] = deque()
-        # adds queued, not yet in the scheduler: request id -> its place in the queue
+        # adds not yet in a published snapshot: request id -> its place in the queue. An
+        # add leaves it with the first snapshot built after the scheduler took it in, not
+        # before: a request added at the start of a long step is not in the snapshot
+        # admission reads until that step ends, and must not be invisible meanwhile
         self._pending: dict[str, Queued] = {}
+        self._added: list[str] = []  # engine thread: added since the last publish
         # device blocks released per second by ended requests, over recent publishes
         self._release_rate = ReleaseRate(_RELEASE_WINDOW_S)
         self._cond = threading.Condition()
@@ -263,7 +270,8 @@ class AsyncEngine:
         return engine.config.scheduler.max_model_len if engine is not None else 1 << 30
 
     def queued(self) -> tuple[Queued, ...]:
-        """The requests waiting to be admitted, including those not yet added."""
+        """The requests waiting to be admitted: the snapshot's, and those handed over that
+        no published snapshot includes yet (added to the scheduler or not)."""
         with self._cond:
             return (*self.snapshot.waiting, *self._pending.values())
 
@@ -341,6 +349,8 @@ class AsyncEngine:
             forward = record.forward if record is not None else None
             if forward is not None and forward.num_prefill_tokens == 0:
                 decode_step = _average(decode_step, elapsed)
+            elif forward is not None:
+                self._observe_prefill(BatchShape.of(forward.batch), elapsed, decode_step)
         elif elapsed < _SPIN_SLEEP_S:
             time.sleep(_SPIN_SLEEP_S)
         self._count_tokens(outputs)
@@ -349,6 +359,17 @@ class AsyncEngine:
         self._active.difference_update(finals)
         if outputs:
             self._deliver([(o.request_id, o) for o in outputs])
+
+    def learn_prefill_cost(self, prior_s_per_token: float) -> None:
+        """Start learning prefill's cost from served steps, from the warm-up's measure
+        (call before serving: the engine thread reads it at every step)."""
+        self._prefill_cost = PrefillCost(prior_s_per_token)
+
+    def _observe_prefill(self, shape: BatchShape, elapsed_s: float, decode_step_s: float) -> None:
+        """A step with prompt tokens: its time beyond a step of its decodes alone."""
+        decode_s = decode_step_s if shape.num_decode_tokens else 0.0
+        self._prefill_cost.observe(shape.num_prefill_tokens, shape.num_prefill_pairs,
+                                   elapsed_s - decode_s)  # fmt: skip
 
     def _count_tokens(self, outputs: list[RequestOutput]) -> None:
         """Tokens generated, and the prompt tokens computed for each first token."""
@@ -360,15 +381,16 @@ class AsyncEngine:
                 self._num_prompt_tokens += len(output.prompt_token_ids) - num_cached
 
     def _apply_add(self, add: _Add) -> None:
-        with self._cond:
-            self._pending.pop(add.request_id, None)
         try:
             self.engine.add_request(
                 add.prompt, add.params, add.request_id, add.arrival_time, add.priority, add.slo
             )
         except Exception as error:
+            with self._cond:
+                self._pending.pop(add.request_id, None)
             self._deliver([(add.request_id, error)])
             return
+        self._added.append(add.request_id)
         self._active.add(add.request_id)
 
     def _apply_abort(self, request_id: str, error: BaseException | None = None) -> None:
@@ -400,13 +422,18 @@ class AsyncEngine:
         snapshot = self.engine.snapshot()
         snapshot = replace(
             snapshot, step_time_s=step_time_s, decode_step_s=decode_step_s,
+            prefill_s_per_token=self._prefill_cost.per_token_s,
+            prefill_s_per_pair=self._prefill_cost.per_pair_s,
             num_prompt_tokens=self._num_prompt_tokens,
             num_generation_tokens=self._num_generation_tokens,
             release_blocks_per_s=self._release_rate.update(
                 self.engine.clock(), snapshot.num_released_blocks),
         )  # fmt: skip
+        added, self._added = self._added, []
         with self._cond:
             self.snapshot = snapshot
+            for request_id in added:
+                self._pending.pop(request_id, None)
 
     def _deliver(self, items: list[tuple[str, RequestOutput | BaseException]]) -> None:
         if items and self._loop is not None and not self._loop.is_closed():

@@ -35,6 +35,9 @@ class EngineSnapshot:
     host_kv_usage: float = 0.0
     step_time_s: float = 0.0  # moving average of steps that produced tokens
     decode_step_s: float = 0.0  # moving average of those without prefill tokens
+    # prefill's cost learned from served steps (`slo.estimate.PrefillCost`; 0: not yet)
+    prefill_s_per_token: float = 0.0
+    prefill_s_per_pair: float = 0.0
     decode_row_s: float = 0.0  # one more decoding sequence's cost, by the step-time model
     # prompt tokens a shaped step carries for a prompt below `shaping_class` (0: no engine)
     num_prefill_tokens_per_step: int = 0

@@ -92,6 +92,7 @@ class EngineHost:
         self.inflight: dict[str, Inflight] = {}
         self.admitted_tokens = TokenRate()  # what higher classes' arrivals will take
         self.warmup_step_time_s = 0.0
+        self.warmup_prefill_s_per_token = 0.0
         self._on_report = on_report
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -107,7 +108,8 @@ class EngineHost:
         from its measurements."""
         assert self.engine is not None
         report = await self.engine.call(warm_up)
-        self.engine.prefill_s_per_token = report.prefill_s_per_token
+        self.engine.learn_prefill_cost(report.prefill_s_per_token)
+        self.warmup_prefill_s_per_token = report.prefill_s_per_token
         self.warmup_step_time_s = report.step_time_s
 
     @property
@@ -147,7 +149,7 @@ class EngineHost:
     # --- admission ------------------------------------------------------------------------
     def load(self) -> Load:
         """The engine's load for admission, from its published snapshot and the requests
-        handed to it that it has not added yet."""
+        handed to it that no published snapshot includes yet."""
         assert self.engine is not None
         snapshot = self.engine.snapshot
         is_busy = snapshot.num_running > 0
@@ -156,7 +158,8 @@ class EngineHost:
         )
         return Load(
             queued=self.engine.queued(), step_time_s=step_time,
-            prefill_s_per_token=self.engine.prefill_s_per_token,
+            prefill_s_per_token=snapshot.prefill_s_per_token or self.warmup_prefill_s_per_token,
+            prefill_s_per_pair=snapshot.prefill_s_per_pair,
             num_batched_tokens=self.engine_config.scheduler.max_num_batched_tokens,
             num_shaped_batched_tokens=snapshot.num_prefill_tokens_per_step,
             shaping_class=snapshot.shaping_class,

@@ -18,6 +18,8 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
+from superinfer.slo.wire import HEADER_ESTIMATED_TTFT
+
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -32,7 +34,7 @@ _TYPES = {
 REASON_HEADER = "x-superinfer-refusal-reason"
 # llm-d's router (llm-d/llm-d-router, pkg/common/error/error.go: RequestDroppedReasonHeaderKey)
 DROPPED_REASON_HEADER = "x-llm-d-request-dropped-reason"
-ESTIMATED_TTFT_HEADER = "x-superinfer-estimated-ttft-ms"
+ESTIMATED_TTFT_HEADER = HEADER_ESTIMATED_TTFT
 # llm-d's values where one means the same (rejected-saturated, -no-endpoints, -shutting-down);
 # a request whose SLO cannot be met has no llm-d value: "rejected-slo-infeasible", same style
 _DROPPED = {

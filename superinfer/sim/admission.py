@@ -5,8 +5,8 @@ the same precision.
 
 What the real server measures, the simulated one takes from its own clock and predictor:
 the step time is the same moving average of steps that produced tokens, the prefill cost
-per token is the predictor's for a whole 512-token prompt (the warm-up times one), the
-release rate counts device blocks freed by ended requests over the same 20 s window, and
+starts from the predictor's for a whole 512-token prompt (the warm-up times one) and is
+learned from the simulated steps as the server learns it from its own, the release rate counts device blocks freed by ended requests over the same 20 s window, and
 each admitted request's first token teaches the correction as it does in the server.
 """
 
@@ -25,7 +25,7 @@ from superinfer.engine.snapshot import (
 from superinfer.server.admission import Admission, Demand, Load
 from superinfer.server.errors import APIError
 from superinfer.slo.classes import SLOConfig
-from superinfer.slo.estimate import ReleaseRate, TokenRate
+from superinfer.slo.estimate import PrefillCost, ReleaseRate, TokenRate
 
 _EMA_WEIGHT = 0.2  # as the async engine's step-time average
 _RELEASE_WINDOW_S = 20.0
@@ -43,7 +43,7 @@ class SimAdmission:
         self.admission = Admission(max_num_queued_reqs, max_num_queued_tokens, slo.class_names)
         num = _PREFILL_PROBE_TOKENS
         prefill = BatchShape(1, num, 0, 1, num * (num + 1) / 2, 0, 0)
-        self.prefill_s_per_token = step_seconds(predictor, prefill) / num
+        self.prefill_cost = PrefillCost(step_seconds(predictor, prefill) / num)
         self.idle_step_s = step_seconds(predictor, BatchShape(1, 0, 1, 1, 0.0, 1, 0))
         self.step_time_s = 0.0
         self.decode_step_s = 0.0  # the same average over steps without prefill tokens
@@ -84,7 +84,8 @@ class SimAdmission:
         return Load(
             queued=tuple(queued_request(r, scheduler.config.max_model_len) for r in waiting),
             step_time_s=self.step_time_s if is_busy else self.idle_step_s,
-            prefill_s_per_token=self.prefill_s_per_token,
+            prefill_s_per_token=self.prefill_cost.per_token_s,
+            prefill_s_per_pair=self.prefill_cost.per_pair_s,
             num_batched_tokens=scheduler.config.max_num_batched_tokens,
             num_shaped_batched_tokens=scheduler.num_prefill_tokens_per_step(),
             shaping_class=scheduler.shaping_class(),
@@ -110,8 +111,13 @@ class SimAdmission:
         and the first tokens it brought."""
         if not output.is_empty:
             self.step_time_s = _average(self.step_time_s, step_s)
-            if BatchShape.of(output).num_prefill_tokens == 0:
+            shape = BatchShape.of(output)
+            if shape.num_prefill_tokens == 0:
                 self.decode_step_s = _average(self.decode_step_s, step_s)
+            else:
+                decode_s = self.decode_step_s if shape.num_decode_tokens else self.idle_step_s
+                self.prefill_cost.observe(shape.num_prefill_tokens, shape.num_prefill_pairs,
+                                          step_s - (decode_s or self.idle_step_s))  # fmt: skip
         self.release_blocks_per_s = self.release_rate.update(
             now, scheduler.stats.num_released_blocks)
         for request_id, (request, raw_s) in list(self._estimates.items()):

@@ -6,10 +6,15 @@ Pure Python over plain data: `EngineLoad` is built from the engine's published s
 (never the live engine), times are seconds from now, deadlines are on the engine's clock.
 
     first token = (compute + memory) / (1 - higher), times the learned correction
-    compute     = (prompt tokens queued ahead + this prompt) x prefill cost per token
-                  + one step per step's worth of those tokens (with steps shaped by
+    compute     = (prompt tokens ahead + this prompt) x prefill cost per token
+                  + their attention pairs x prefill cost per pair (a long prompt's last
+                    chunks attend to all of its first ones)
+                  + one decode step per step's worth of those tokens (with steps shaped by
                     TBT, the tokens a shaped step carries for a class below the one
                     decoding: a gold request decoding slows the bronze queue)
+                  + the prompts of this class and below arriving meanwhile (their recent
+                    rate x the above), up to what its last step has left of the budget:
+                    the first token comes when that whole step ends
     memory      = blocks the queue ahead, the rotated-out requests of this class and
                   those above (they come back first) and this request need beyond what is
                   free or can be taken from lower classes, over the rate at which finishing
@@ -20,9 +25,12 @@ Pure Python over plain data: `EngineLoad` is built from the engine's published s
                   cost per token): they will be served ahead of this request while it
                   waits, the classic stretch of a preemptive-priority queue
 
-"Ahead" is class order, then the policy's: requests of a more important class, and those
-of the same class the policy serves first (due earlier, when it admits by deadline; all of
-them otherwise). A bronze backlog is not ahead of a gold request.
+"Ahead" is class order, then the policy's: the rest of the prompts of running requests
+of this class and above (the scheduler serves running requests first), then the queued
+requests of a more important class, and those of the same class the policy serves first
+(due earlier, when it admits by deadline; all of them otherwise). A bronze backlog is not
+ahead of a gold request. The prefill costs are learned from the served steps
+(`PrefillCost`), so they include what the machine's other work costs the engine.
 
 Between tokens (`Estimator.tpot`), judged as the SLO report judges TPOT, on the mean gap
 over a request's whole output:
@@ -86,11 +94,12 @@ class Decoding:
 @dataclass(frozen=True)
 class EngineLoad:
     """What admission reads about the engine at this moment (from its snapshot, plus the
-    requests the event loop handed over that the engine has not added yet)."""
+    requests the event loop handed over that no published snapshot includes yet)."""
 
     queued: tuple[Queued, ...] = ()
     step_time_s: float = 0.0  # current time of one step
     prefill_s_per_token: float = 0.0  # measured prefill cost per prompt token
+    prefill_s_per_pair: float = 0.0  # and per attention (query, key) pair (`PrefillCost`)
     num_batched_tokens: int = 512  # token budget of one step
     # with steps shaped by TBT: the prompt tokens a step carries for a class below
     # `shaping_class`, the most important one decoding (0: as num_batched_tokens)
@@ -186,9 +195,22 @@ class Estimator:
         deadline: float,
     ) -> FirstTokenEstimate:
         ahead = self.queue_ahead(load, slo_class, deadline)
-        num_prefill = sum(q.num_tokens for q in ahead) + num_prompt_tokens
-        num_steps = -(-num_prefill // max(1, self.step_budget(load, slo_class)))
-        compute_s = num_prefill * load.prefill_s_per_token + num_steps * load.step_time_s
+        rank = self.rank(slo_class)
+        prompts = [q.num_tokens for q in ahead] + [num_prompt_tokens]
+        prompts += [d.num_prefill_tokens for d in load.decoding
+                    if d.num_prefill_tokens and self.rank(d.slo_class) <= rank]  # fmt: skip
+        num_prefill = sum(prompts)
+        num_pairs = sum(n * (n + 1) / 2 for n in prompts)  # a running one's: at least
+        budget = max(1, self.step_budget(load, slo_class))
+        num_steps = -(-num_prefill // budget)
+        # the prefill costs are a step's time beyond its decodes' (`PrefillCost`)
+        step_s = load.decode_step_s or load.step_time_s
+        compute_s = (num_prefill * load.prefill_s_per_token + num_pairs * load.prefill_s_per_pair
+                     + num_steps * step_s)  # fmt: skip
+        # prompts arriving behind it meanwhile fill what its last step has left of the budget
+        num_joining = min(num_steps * budget - num_prefill,
+                          self._not_higher_rate(load, slo_class) * compute_s)  # fmt: skip
+        compute_s += num_joining * load.prefill_s_per_token
         num_needed = sum(_blocks(q.num_tokens, load.block_size) for q in ahead)
         num_needed += _blocks(num_prompt_tokens, load.block_size)
         num_needed += self._num_blocks_by_rank(load.swapped_blocks_by_class, slo_class)[0]
@@ -253,6 +275,13 @@ class Estimator:
         return sum(_duty(step_s, tbt_s) * _blocks(num_final - 1, load.block_size)
                    for name, tbt_s, num_final in finals if self.rank(name) <= rank)  # fmt: skip
 
+    def _not_higher_rate(self, load: EngineLoad, slo_class: str | None) -> float:
+        """Prompt tokens per second arriving of this class and those below (the classes
+        above are the stretch's)."""
+        rank = self.rank(slo_class)
+        return sum(tokens_per_s for name, tokens_per_s in load.prompt_tokens_per_s_by_class.items()
+                   if self.rank(name) >= rank)  # fmt: skip
+
     def _higher_share(self, load: EngineLoad, slo_class: str | None) -> float:
         """The share of time more important classes' new prompts take, at most
         `MAX_HIGHER_SHARE` (past it the wait is long, not infinite)."""
@@ -314,14 +343,19 @@ def _memory_wait_s(num_deficit_blocks: int, load: EngineLoad) -> float:
 
 
 class TokenRate:
-    """Prompt tokens admitted per second, by class, over the last `window_s` seconds."""
+    """Prompt tokens admitted per second, by class, over the last `window_s` seconds (over
+    the time since the first admission while that is shorter, but at least a quarter of
+    the window: a server that just started is not taken to have idled before)."""
 
     def __init__(self, window_s: float = 20.0) -> None:
         self.window_s = window_s
         self._admitted: deque[tuple[float, str | None, int]] = deque()
+        self._start: float | None = None  # the first admission seen
 
     def add(self, now: float, slo_class: str | None, num_tokens: int) -> None:
         self._admitted.append((now, slo_class, num_tokens))
+        if self._start is None:
+            self._start = now
 
     def rates(self, now: float) -> dict[str | None, float]:
         while self._admitted and self._admitted[0][0] < now - self.window_s:
@@ -329,7 +363,10 @@ class TokenRate:
         totals: dict[str | None, float] = {}
         for _, slo_class, num_tokens in self._admitted:
             totals[slo_class] = totals.get(slo_class, 0.0) + num_tokens
-        return {name: total / self.window_s for name, total in totals.items()}
+        span_s = self.window_s
+        if self._start is not None:
+            span_s = min(self.window_s, max(self.window_s / 4, now - self._start))
+        return {name: total / span_s for name, total in totals.items()}
 
 
 class ReleaseRate:
@@ -347,6 +384,52 @@ class ReleaseRate:
             samples.popleft()
         elapsed = now - samples[0][0]
         return (num_released - samples[0][1]) / elapsed if elapsed > 0 else 0.0
+
+
+class PrefillCost:
+    """What prefill costs in the steps the engine serves, learned as they run: seconds per
+    prompt token and per attention (query, key) pair, the least-squares fit (no intercept,
+    neither negative) of the last `window` steps that carried at least `min_tokens` prompt
+    tokens, each step's time less a decode step's. Until `min_samples` such steps, the
+    warm-up's `prior_s_per_token` (an idle engine's whole prompt; pairs not priced apart).
+
+    Served steps share the machine with the HTTP front, tokenization and the clients, and
+    carry decodes and long prompts' later chunks: an idle warm-up's one prompt says less
+    about them than the steps themselves do.
+    """
+
+    def __init__(self, prior_s_per_token: float = 0.0, window: int = 128, min_samples: int = 8,
+                 min_tokens: int = 32) -> None:  # fmt: skip
+        self.prior_s_per_token = prior_s_per_token
+        self.min_samples, self.min_tokens = min_samples, min_tokens
+        self._samples: deque[tuple[float, float, float]] = deque(maxlen=window)
+        self.per_token_s, self.per_pair_s = prior_s_per_token, 0.0
+
+    def observe(self, num_tokens: int, num_pairs: float, excess_s: float) -> None:
+        """One served step with `num_tokens` prompt tokens making `num_pairs` attention
+        pairs, which took `excess_s` longer than a step of its decodes alone."""
+        if num_tokens < self.min_tokens or not math.isfinite(excess_s):
+            return
+        self._samples.append((float(num_tokens), float(num_pairs), max(0.0, excess_s)))
+        if len(self._samples) >= self.min_samples:
+            self.per_token_s, self.per_pair_s = _fit_two(self._samples)
+
+
+def _fit_two(samples: Sequence[tuple[float, float, float]]) -> tuple[float, float]:
+    """(a, b) >= 0 minimizing the sum of (a x + b y - t)^2 over (x, y, t)."""
+    sxx = sum(x * x for x, _, _ in samples)
+    syy = sum(y * y for _, y, _ in samples)
+    sxy = sum(x * y for x, y, _ in samples)
+    sxt = sum(x * t for x, _, t in samples)
+    syt = sum(y * t for _, y, t in samples)
+    det = sxx * syy - sxy * sxy
+    if det > 1e-12 * sxx * syy:
+        a, b = (sxt * syy - syt * sxy) / det, (syt * sxx - sxt * sxy) / det
+        if a >= 0 and b >= 0:
+            return a, b
+    # one feature alone, the other at 0: whichever leaves the smaller squared error
+    fits = [(max(0.0, sxt / sxx) if sxx else 0.0, 0.0), (0.0, max(0.0, syt / syy) if syy else 0.0)]
+    return min(fits, key=lambda ab: sum((ab[0] * x + ab[1] * y - t) ** 2 for x, y, t in samples))
 
 
 class Correction:

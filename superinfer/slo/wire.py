@@ -26,6 +26,9 @@ HEADER_GATEWAY_TPOT = "x-llm-d-slo-tpot-ms"
 HEADER_GATEWAY_TPOT_OLD = "x-slo-tpot-ms"
 TTFT_HEADERS = (HEADER_TTFT, HEADER_GATEWAY_TTFT)
 TBT_HEADERS = (HEADER_TBT, HEADER_GATEWAY_TPOT, HEADER_GATEWAY_TPOT_OLD)
+# The server's answer: admission's estimate of the first token, in ms from arrival, on
+# every admitted response and every refusal that estimated it
+HEADER_ESTIMATED_TTFT = "x-superinfer-estimated-ttft-ms"
 
 
 def slo_headers(targets: SLOTargets) -> dict[str, str]:

@@ -73,6 +73,7 @@ def test_client_latencies_agree_with_the_servers_reports(result):
         assert server is not None, record
         assert server["targets"] == record["targets"]  # the server bound what was sent
         assert record["output_tokens"] == record["max_tokens"] == OUTPUT_LEN
+        assert record["estimated_ttft_ms"] > 0  # admission's estimate, from the response
         # the client's clock starts before the server's arrival stamp and ends after
         assert client["ttft_ms"] >= server["ttft_ms"] - TOLERANCE_MS
         assert client["e2e_ms"] >= server["e2e_ms"] - TOLERANCE_MS

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -59,3 +60,51 @@ def test_a_failed_build_raises_from_start_and_serves_nothing():
     assert not engine.is_alive
     with pytest.raises(RuntimeError, match="not built"):
         engine.engine
+
+
+def test_the_snapshot_publishes_prefill_cost_learned_from_served_steps():
+    async def run() -> float:
+        engine = AsyncEngine(lambda: LLMEngine(EngineConfig()))
+        await engine.start()
+        try:
+            engine.learn_prefill_cost(1e-9)  # a prior no real prefill is this cheap
+            params = SamplingParams(max_tokens=2, ignore_eos=True, temperature=0)
+            for i in range(10):  # one by one: ten steps, each a whole 64-token prompt
+                prompt = [(7 * i + j) % 500 + 10 for j in range(64)]
+                async for _ in engine.add_request(f"r{i}", prompt, params, arrival_time=0.0):
+                    pass
+            return engine.snapshot.prefill_s_per_token
+        finally:
+            await engine.shutdown()
+
+    learned = asyncio.run(run())
+    assert learned > 1e-6  # a 135M model's prefill costs at least a microsecond a token
+
+
+def test_a_request_taken_in_stays_queued_for_admission_until_a_snapshot_has_it():
+    class SlowStep(AsyncEngine):  # a long step between taking the request in and publishing
+        def _step(self) -> None:
+            time.sleep(0.3)
+            super()._step()
+
+    async def run() -> list[int]:
+        engine = SlowStep(lambda: LLMEngine(EngineConfig()))
+        await engine.start()
+        try:
+            params = SamplingParams(max_tokens=2, ignore_eos=True, temperature=0)
+            stream = engine.add_request("r0", list(range(10, 74)), params, arrival_time=0.0)
+            first = asyncio.ensure_future(stream.__anext__())
+            seen = []  # what admission counts of it, until its first output
+            while not first.done():
+                snapshot = engine.snapshot
+                seen.append(len(engine.queued()) + snapshot.num_running + snapshot.num_swapped)
+                await asyncio.sleep(0.01)
+            async for _ in stream:
+                pass
+            return seen
+        finally:
+            await engine.shutdown()
+
+    seen = asyncio.run(run())
+    assert len(seen) > 10  # the slow step kept it waiting for its first output
+    assert min(seen) >= 1  # never invisible: queued, then in the snapshot

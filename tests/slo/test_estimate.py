@@ -14,6 +14,7 @@ from superinfer.slo.estimate import (
     Decoding,
     EngineLoad,
     Estimator,
+    PrefillCost,
     Queued,
     ReleaseRate,
     TokenRate,
@@ -61,6 +62,66 @@ def test_shaped_steps_stretch_the_prefill_of_classes_below_the_one_decoding():
     gold = ESTIMATOR.first_token(load, 640, "gold", 0.0)
     assert gold.compute_s == pytest.approx(640 * 0.001 + 2 * 0.05)
     assert ESTIMATOR.first_token(base(), 640, "bronze", 0.0).compute_s == gold.compute_s
+
+
+def test_running_prompts_left_to_prefill_are_ahead_of_a_newcomer_of_their_class_or_below():
+    # a running gold request has 300 prompt tokens left; a running bronze one 200
+    load = base(decoding=(Decoding(0.1, 10, 10, None, 300, "gold"),
+                          Decoding(1.0, 10, 10, None, 200, "bronze")))  # fmt: skip
+    gold = ESTIMATOR.first_token(load, 100, "gold", deadline=5.0)
+    bronze = ESTIMATOR.first_token(load, 100, "bronze", deadline=5.0)
+    assert gold.compute_s == pytest.approx(0.4 + 0.05)  # bronze's rest is not ahead of gold
+    assert bronze.compute_s == pytest.approx(0.6 + 2 * 0.05)
+
+
+def test_prompts_arriving_behind_fill_the_rest_of_its_last_step():
+    # 700 tokens take two 512-token steps; 300 tokens/s arrive while they run
+    load = base(prompt_tokens_per_s_by_class={None: 300.0})
+    alone = 0.7 + 2 * 0.05
+    estimate = ESTIMATOR.first_token(load, 700, None, deadline=5.0)
+    assert estimate.compute_s == pytest.approx(alone + 300 * alone * 0.001)
+    flood = base(prompt_tokens_per_s_by_class={None: 1e6})  # at most the 324 tokens left
+    assert ESTIMATOR.first_token(flood, 700, None, 5.0).compute_s == pytest.approx(
+        alone + 324 * 0.001
+    )
+    # gold's arrivals stretch a silver request instead; they do not fill its step twice
+    gold = base(prompt_tokens_per_s_by_class={"gold": 300.0})
+    assert ESTIMATOR.first_token(gold, 700, "silver", 5.0).compute_s == pytest.approx(alone)
+
+
+def test_attention_pairs_price_a_long_prompt_above_its_tokens():
+    load = base(prefill_s_per_pair=1e-6)
+    short = ESTIMATOR.first_token(load, 100, None, deadline=5.0).compute_s
+    long = ESTIMATOR.first_token(load, 1000, None, deadline=5.0).compute_s
+    assert short == pytest.approx(0.1 + 100 * 101 / 2 * 1e-6 + 0.05)
+    assert long == pytest.approx(1.0 + 1000 * 1001 / 2 * 1e-6 + 2 * 0.05)
+    assert long - 2 * 0.05 > 10 * (short - 0.05)  # more than ten times the short one's
+
+
+def test_prefill_cost_learns_per_token_and_per_pair_from_served_steps():
+    rng = random.Random(0)
+    cost = PrefillCost(prior_s_per_token=0.0005, min_samples=8, min_tokens=32)
+    assert (cost.per_token_s, cost.per_pair_s) == (0.0005, 0.0)  # the warm-up's, until steps
+    cost.observe(16, 100.0, 1.0)  # too few prompt tokens to say anything: ignored
+    for _ in range(7):
+        cost.observe(512, 512 * 256.5, 0.9)
+    assert cost.per_token_s == 0.0005  # still fewer than min_samples
+    for _ in range(200):  # the served machine: 1.2 ms a token, 1 us a pair, +-5% noise
+        tokens = rng.randint(32, 512)
+        context = rng.choice((0, 0, 256, 512))
+        pairs = tokens * (context + (tokens + 1) / 2)
+        cost.observe(tokens, pairs, (1.2e-3 * tokens + 1e-6 * pairs) * rng.uniform(0.95, 1.05))
+    assert cost.per_token_s == pytest.approx(1.2e-3, rel=0.1)
+    assert cost.per_pair_s == pytest.approx(1e-6, rel=0.2)
+
+
+def test_prefill_cost_is_never_negative():
+    cost = PrefillCost(min_samples=2, min_tokens=1)
+    for tokens in (100, 200, 400):  # time falls with pairs: no non-negative fit but one term
+        cost.observe(tokens, tokens * tokens, max(0.0, 0.5 - 1e-6 * tokens * tokens))
+    assert cost.per_token_s >= 0.0 and cost.per_pair_s >= 0.0
+    cost.observe(100, 0.0, -1.0)  # a step faster than its decodes alone counts as free
+    assert cost.per_token_s >= 0.0 and cost.per_pair_s >= 0.0
 
 
 def test_memory_bound_waits_for_blocks_to_be_released():
@@ -131,7 +192,8 @@ def test_higher_classes_arriving_stretch_the_wait_of_lower_ones():
                 prompt_tokens_per_s_by_class={"gold": 300.0, "bronze": 900.0})  # fmt: skip
     bronze = ESTIMATOR.first_token(load, 100, "bronze", deadline=5.0)
     assert bronze.stretch == pytest.approx(1 / 0.7)
-    assert bronze.raw_s == pytest.approx((0.5 + 0.05) / 0.7)
+    # bronze's own 900 tokens/s fill the 12 tokens its one step has left of the budget
+    assert bronze.raw_s == pytest.approx((0.5 + 0.05 + 12 * 0.001) / 0.7)
     assert ESTIMATOR.first_token(load, 100, "gold", deadline=5.0).stretch == 1.0  # none above
     flood = base(prompt_tokens_per_s_by_class={"gold": 5000.0})
     assert ESTIMATOR.first_token(flood, 100, "silver", 5.0).stretch == pytest.approx(10.0)
@@ -142,8 +204,11 @@ def test_token_rate_counts_the_window_by_class():
     rate.add(0.0, "gold", 100)
     rate.add(5.0, "gold", 200)
     rate.add(6.0, None, 50)
-    assert rate.rates(9.0) == {"gold": 30.0, None: 5.0}
+    assert rate.rates(9.0) == {"gold": 300 / 9.0, None: 50 / 9.0}  # 9 s seen, not 10
     assert rate.rates(12.0) == {"gold": 20.0, None: 5.0}  # the first fell out of the window
+    fresh = TokenRate(window_s=20.0)
+    fresh.add(100.0, "gold", 100)
+    assert fresh.rates(100.5) == {"gold": 20.0}  # at least a quarter of the window: 5 s
 
 
 def test_release_rate_is_blocks_freed_over_the_window():
