@@ -350,7 +350,7 @@ class AsyncEngine:
             if forward is not None and forward.num_prefill_tokens == 0:
                 decode_step = _average(decode_step, elapsed)
             elif forward is not None:
-                self._observe_prefill(BatchShape.of(forward.batch), elapsed, decode_step)
+                self._prefill_cost.observe_step(BatchShape.of(forward.batch), elapsed, decode_step)
         elif elapsed < _SPIN_SLEEP_S:
             time.sleep(_SPIN_SLEEP_S)
         self._count_tokens(outputs)
@@ -364,12 +364,6 @@ class AsyncEngine:
         """Start learning prefill's cost from served steps, from the warm-up's measure
         (call before serving: the engine thread reads it at every step)."""
         self._prefill_cost = PrefillCost(prior_s_per_token)
-
-    def _observe_prefill(self, shape: BatchShape, elapsed_s: float, decode_step_s: float) -> None:
-        """A step with prompt tokens: its time beyond a step of its decodes alone."""
-        decode_s = decode_step_s if shape.num_decode_tokens else 0.0
-        self._prefill_cost.observe(shape.num_prefill_tokens, shape.num_prefill_pairs,
-                                   elapsed_s - decode_s)  # fmt: skip
 
     def _count_tokens(self, outputs: list[RequestOutput]) -> None:
         """Tokens generated, and the prompt tokens computed for each first token."""

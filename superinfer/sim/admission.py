@@ -6,8 +6,9 @@ the same precision.
 What the real server measures, the simulated one takes from its own clock and predictor:
 the step time is the same moving average of steps that produced tokens, the prefill cost
 starts from the predictor's for a whole 512-token prompt (the warm-up times one) and is
-learned from the simulated steps as the server learns it from its own, the release rate counts device blocks freed by ended requests over the same 20 s window, and
-each admitted request's first token teaches the correction as it does in the server.
+learned from the simulated steps as the server learns it from its own, the release rate
+counts device blocks freed by ended requests over the same 20 s window, and each admitted
+request's first token teaches the correction as it does in the server.
 """
 
 from __future__ import annotations
@@ -114,10 +115,8 @@ class SimAdmission:
             shape = BatchShape.of(output)
             if shape.num_prefill_tokens == 0:
                 self.decode_step_s = _average(self.decode_step_s, step_s)
-            else:
-                decode_s = self.decode_step_s if shape.num_decode_tokens else self.idle_step_s
-                self.prefill_cost.observe(shape.num_prefill_tokens, shape.num_prefill_pairs,
-                                          step_s - (decode_s or self.idle_step_s))  # fmt: skip
+            else:  # as the server's engine does (`AsyncEngine._step`)
+                self.prefill_cost.observe_step(shape, step_s, self.decode_step_s)
         self.release_blocks_per_s = self.release_rate.update(
             now, scheduler.stats.num_released_blocks)
         for request_id, (request, raw_s) in list(self._estimates.items()):

@@ -60,6 +60,8 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from superinfer.core.step_time import BatchShape
+
 # No device-memory release seen recently while memory is short: the wait is unknown, and
 # long. The estimate uses this instead of infinity so that it stays a number.
 UNKNOWN_MEMORY_WAIT_S = 60.0
@@ -413,6 +415,12 @@ class PrefillCost:
         self._samples.append((float(num_tokens), float(num_pairs), max(0.0, excess_s)))
         if len(self._samples) >= self.min_samples:
             self.per_token_s, self.per_pair_s = _fit_two(self._samples)
+
+    def observe_step(self, shape: BatchShape, step_s: float, decode_step_s: float) -> None:
+        """One served step of `shape` that took `step_s`; `decode_step_s` is the recent
+        decode-only step (its decodes' part: none when it had none)."""
+        decode_s = decode_step_s if shape.num_decode_tokens else 0.0
+        self.observe(shape.num_prefill_tokens, shape.num_prefill_pairs, step_s - decode_s)
 
 
 def _fit_two(samples: Sequence[tuple[float, float, float]]) -> tuple[float, float]:

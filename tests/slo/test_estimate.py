@@ -8,6 +8,7 @@ import random
 import pytest
 
 from superinfer.core.policies import MemoryState
+from superinfer.core.step_time import BatchShape
 from superinfer.slo.estimate import (
     UNKNOWN_MEMORY_WAIT_S,
     Correction,
@@ -113,6 +114,16 @@ def test_prefill_cost_learns_per_token_and_per_pair_from_served_steps():
         cost.observe(tokens, pairs, (1.2e-3 * tokens + 1e-6 * pairs) * rng.uniform(0.95, 1.05))
     assert cost.per_token_s == pytest.approx(1.2e-3, rel=0.1)
     assert cost.per_pair_s == pytest.approx(1e-6, rel=0.2)
+
+
+def test_a_served_step_counts_its_time_beyond_its_decodes_as_prefill():
+    cost = PrefillCost(min_samples=1, min_tokens=1)
+    mixed = BatchShape.of_lists([100, 1, 1], [0, 50, 50])  # a prompt beside two decodes
+    cost.observe_step(mixed, 0.15, decode_step_s=0.05)
+    assert cost.per_token_s * 100 + cost.per_pair_s * 5050 == pytest.approx(0.10)
+    alone = PrefillCost(min_samples=1, min_tokens=1)
+    alone.observe_step(BatchShape.of_lists([100], [0]), 0.15, decode_step_s=0.05)
+    assert alone.per_token_s * 100 + alone.per_pair_s * 5050 == pytest.approx(0.15)
 
 
 def test_prefill_cost_is_never_negative():
