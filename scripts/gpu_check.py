@@ -14,6 +14,8 @@ Sections, most important first (each one's failure is recorded and the run goes 
   decode_135m   as decode_8b, SmolLM2-135M shape
   prefill_135m  as prefill_8b, SmolLM2-135M shape
   pipeline      `launch` overlapped with building the next step vs `execute`, 135M, batch 32
+  profile       GPU kernel time of an eager decode step by kernel (torch.profiler), both
+                shapes, batch 1 and 32
   cuda_tests    the CUDA tests of the runner, attention, KV cache and transfer (--skip-tests)
 
 On the device (about 4 to 6 minutes; sections stop starting after --budget-s, 420 s):
@@ -1094,6 +1096,82 @@ def _text(data: bytes | str | None) -> str:
     return data or ""
 
 
+# --- where a decode step's GPU time goes ---------------------------------------------------
+
+
+PROFILE_STEPS = 5
+
+
+def section_profile(ctx: Context) -> dict[str, Any]:
+    """Kernel time per eager decode step by kernel (torch.profiler), for both shapes at the
+    smallest and a middle batch: what separates a graphed step from its roofline."""
+    plan = ctx.plan
+    batches = (plan.decode_batches[0], plan.pipeline_batch)
+    results: dict[str, Any] = {}
+    for model_name, label in (("big", "8b"), ("small", "135m")):
+        model = ctx.model(model_name)
+        costs = ModelCosts.of(model)
+        tokens_per_seq = plan.decode_context + 3 + PROFILE_STEPS + 1
+        bench = open_bench(model, plan, max(batches), tokens_per_seq)
+        try:
+            tables = block_tables(max(batches), bench.blocks_per_seq)
+            prefill_contexts(bench.eager, plan, tables, model.config.vocab_size)
+            for batch in batches:
+                roofline_ms = decode_roofline_ms(costs, ctx.peaks, batch, plan.decode_context)
+                profile = profile_decode(bench.eager, plan, tables[:batch])
+                results[f"{label}_b{batch}"] = {"roofline_ms": roofline_ms, **profile}
+                top = ", ".join(
+                    f"{k['name'][:36]} {k['ms_per_step']:.3g}" for k in profile["top"][:3]
+                )
+                ctx.row(
+                    "profile",
+                    f"{label} b={batch} kernel ms/step",
+                    profile["busy_ms_per_step"],
+                    "ms",
+                    roofline_ms,
+                    f"{profile['launches_per_step']:.0f} launches; {top}",
+                )
+        finally:
+            bench.close()
+    return results
+
+
+def profile_decode(runner: Any, plan: Plan, tables: list[list[int]]) -> dict[str, Any]:
+    """Kernels (CUDA) or ops (CPU) of PROFILE_STEPS eager decode steps, by self time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    batch, on_cuda = len(tables), plan.device.type == "cuda"
+
+    def step(i: int) -> None:
+        contexts = [plan.decode_context + i] * batch
+        runner.execute(decode_step(i, [1] * batch, contexts, tables, plan.block_size))
+
+    for i in range(3):
+        step(i)
+    sync(plan.device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
+    with profile(activities=activities) as prof:
+        for i in range(3, 3 + PROFILE_STEPS):
+            step(i)
+        sync(plan.device)
+    kernels = []
+    for event in prof.key_averages():
+        if on_cuda:
+            if event.device_type != torch.autograd.DeviceType.CUDA:
+                continue
+            self_us = getattr(event, "self_device_time_total", 0)
+        else:
+            self_us = event.self_cpu_time_total
+        if self_us > 0:
+            kernels.append((event.key, self_us / 1e3 / PROFILE_STEPS, event.count / PROFILE_STEPS))
+    kernels.sort(key=lambda k: -k[1])
+    return {
+        "busy_ms_per_step": sum(k[1] for k in kernels),
+        "launches_per_step": sum(k[2] for k in kernels),
+        "top": [{"name": n, "ms_per_step": ms, "calls_per_step": c} for n, ms, c in kernels[:15]],
+    }
+
+
 # --- running sections -------------------------------------------------------------------------
 
 
@@ -1112,6 +1190,7 @@ SECTIONS = (
     Section("decode_135m", lambda ctx: section_decode(ctx, "decode_135m", "small"), ("small",)),
     Section("prefill_135m", lambda ctx: section_prefill(ctx, "prefill_135m", "small"), ("small",)),
     Section("pipeline", section_pipeline, ("small",)),
+    Section("profile", section_profile, ("big", "small")),
     Section("cuda_tests", section_cuda_tests),
 )
 

@@ -74,7 +74,8 @@ def unified_attention(
     if num_tokens == 0 or num_seqs == 0:
         return out
     group = num_heads // num_kv_heads
-    block_m, tile_n = _tile_sizes(group, max_query_len, block_size)
+    head_dim_pad = max(16, triton.next_power_of_2(head_dim))
+    block_m, tile_n = _tile_sizes(group, max_query_len, block_size, head_dim_pad)
     block_q = block_m // group
     scale = head_dim**-0.5 if scale is None else scale
     interpret = _interpreting()
@@ -85,7 +86,7 @@ def unified_attention(
         num_seqs, scale, softcap or 1.0, window or 0,
         *q.stride(), cache.stride(0), cache.stride(2), cache.stride(3), cache.stride(4),
         *out.stride(), block_tables.stride(0),
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
         GROUP=group, BLOCK_Q=block_q, BLOCK_M=block_m, TILE_N=tile_n, BLOCK_SIZE=block_size,
         USE_WINDOW=window is not None, USE_SOFTCAP=softcap is not None,
         DOT_FP32=interpret, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
@@ -108,13 +109,23 @@ def _check(
         raise ValueError("block_tables rows must be contiguous")
 
 
-def _tile_sizes(group: int, max_query_len: int, block_size: int) -> tuple[int, int]:
+def _tile_sizes(
+    group: int, max_query_len: int, block_size: int, head_dim_pad: int
+) -> tuple[int, int]:
     """(BLOCK_M, TILE_N): query rows (tokens x group heads) and keys per step of the loop;
-    both at least 16 for tl.dot. Prefill tiles are bigger than decode ones."""
+    both at least 16 for tl.dot.
+
+    A decode program has one token's few rows and walks its whole context alone (a batch-1
+    step of an 8-kv-head model runs 8 programs), so each loop step is a dependent chain of
+    loads: 128 keys a step (64 at head_dim 256) took an H200 2.4x less time than 16 at a
+    4,096-token context (`benchmarks/triton_decode_tiles.py`, docs/results/gpu/)."""
     rows = triton.next_power_of_2(max(1, max_query_len) * group)
     block_m = max(16, triton.next_power_of_2(group), min(rows, 64))
-    tile_n = max(16 if max_query_len <= 1 else 32, triton.next_power_of_2(block_size))
-    return block_m, tile_n
+    if max_query_len <= 1:
+        keys = min(128, 16384 // head_dim_pad)
+    else:
+        keys = 32
+    return block_m, max(keys, triton.next_power_of_2(block_size))
 
 
 def _interpreting() -> bool:

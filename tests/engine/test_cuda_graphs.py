@@ -57,18 +57,22 @@ def _decode_step(num_seqs: int, seed: int) -> tuple[list[SeqEntry], list[int]]:
 
 
 @pytest.mark.parametrize("num_seqs", [1, 3, 5, 8])
-def test_a_padded_replay_equals_the_eager_step(tiny, num_seqs, monkeypatch):
+def test_a_padded_replay_equals_the_eager_step(tiny, num_seqs, tmp_path_factory):
     pytest.importorskip("triton")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    backend = TritonBackend(BLOCK_SIZE, torch.device("cpu"))
-    eager_cache, graph_cache = _cache(tiny), _cache(tiny)
-    graphs = DecodeGraphs(tiny, graph_cache, backend, [1, 2, 4, 8], MAX_BLOCKS)
+    # the compiled kernel on a GPU; on a CPU its interpreter (conftest.py set it at import)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = tiny
+    if device.type == "cuda":  # loaded there: the CPU model's weights are packed for oneDNN
+        model = load_model(str(_saved("llama", tmp_path_factory)), torch.float32, "cuda").model
+    backend = TritonBackend(BLOCK_SIZE, device)
+    eager_cache, graph_cache = _cache(model).to(device), _cache(model).to(device)
+    graphs = DecodeGraphs(model, graph_cache, backend, [1, 2, 4, 8], MAX_BLOCKS)
     assert graphs.capture(EagerReplay)["num_graphs"] == 4
     entries, ids = _decode_step(num_seqs, seed=num_seqs)
     assert graphs.can_run(entries)
     with torch.inference_mode():
         meta = backend.build(entries)
-        expected = tiny(torch.tensor(ids), meta.positions, eager_cache, meta)
+        expected = model(torch.tensor(ids, device=device), meta.positions, eager_cache, meta)
         hidden, graph_meta = graphs.run(entries, ids)
     torch.testing.assert_close(hidden, expected, rtol=1e-5, atol=1e-5)
     assert graph_meta.logits_indices.tolist() == list(range(num_seqs))
@@ -111,12 +115,12 @@ def _greedy(runner: ModelRunner, prompts: list[list[int]], num_new: int) -> list
     step = runner.execute(SchedulerOutput(0, seqs))
     for _ in range(num_new - 1):
         for i, p in enumerate(prompts):
-            out[i].append(step.token_ids[f"r{i}"])
+            out[i].append(step.sampled_token_ids[f"r{i}"])
         seqs = [ScheduledSequence(f"r{i}", [out[i][-1]], len(p) + len(out[i]) - 1, tables[i],
                                   True, greedy, 0) for i, p in enumerate(prompts)]  # fmt: skip
         step = runner.execute(SchedulerOutput(0, seqs))
     for i in range(len(prompts)):
-        out[i].append(step.token_ids[f"r{i}"])
+        out[i].append(step.sampled_token_ids[f"r{i}"])
     return out
 
 

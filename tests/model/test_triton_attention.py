@@ -146,6 +146,23 @@ def test_decode_only(block_size: int) -> None:
     _check(Case(seqs, block_size, 8, 2, seed=2))
 
 
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_decode_over_several_wide_key_tiles(head_dim: int) -> None:
+    """Decode walks 128 keys a step (64 at head dim 256): contexts that end inside, at and
+    past a tile's edge, several tiles long."""
+    seqs = [(1, n) for n in (127, 128, 300, 1000)]
+    _check(Case(seqs, 16, 8, 2, head_dim=head_dim, seed=7))
+
+
+def test_decode_tiles_are_wide_and_prefill_tiles_are_not() -> None:
+    tile_sizes = triton_attention._tile_sizes
+    assert tile_sizes(4, 1, 16, 128) == (16, 128)
+    assert tile_sizes(3, 1, 16, 64)[1] == 128
+    assert tile_sizes(8, 1, 16, 256)[1] == 64
+    assert tile_sizes(4, 1, 256, 128)[1] == 256  # never narrower than a cache block
+    assert tile_sizes(4, 64, 16, 128) == (64, 32)  # prefill: more query rows, fewer keys
+
+
 @pytest.mark.parametrize("head_dim", [8, 80, 96, 128])
 def test_head_dims(head_dim: int) -> None:
     """Powers of two, and sizes padded to the next one with a mask."""
