@@ -11,7 +11,10 @@ Requests of the most important class running whose next token is due within two 
 steps are always in it; the others (due ones of lower classes included: the tighter the
 class, the surer its promise), and prefill chunks, join only while the predicted step time
 stays within the limit, so a request with a loose target (bronze: a token a second) sits
-out steps instead of slowing every one of them.
+out steps instead of slowing every one of them. A decode of any class whose next token is
+overdue is in regardless, running or rotated out (then it is swapped back in ahead of the
+queue's prompts): it costs the step one row, and an admitted promise is never starved by
+more important work, only served at the latest moment its target allows.
 """
 
 from __future__ import annotations
@@ -318,9 +321,12 @@ class Scheduler:
         those whose TBT it stretches); else 0: it sits out."""
         if plan.limit_s is None or not num_tokens or plan.fits(request, num_tokens):
             return num_tokens
-        if request.is_prefill_done:  # a due decode of the class that set the limit is always in
+        if request.is_prefill_done:  # due and of the class that set the limit, or overdue
             is_senior = self.reservations.rank(request) <= plan.limit_rank
-            return num_tokens if is_senior and self._is_due(request, plan, now) else 0
+            is_in = self._is_due(request, plan, now) and (
+                is_senior or self._is_overdue(request, plan, now)
+            )
+            return num_tokens if is_in else 0
         num_fit = plan.num_tokens_that_fit(request, num_tokens)
         if not plan.has_prefill:
             num_fit = max(num_fit, min(num_tokens, self.kv.block_size))
@@ -328,6 +334,13 @@ class Scheduler:
         if is_senior and self._is_ttft_at_risk(request, num_fit, plan.limit_s, now):
             return num_tokens
         return num_fit
+
+    def _is_overdue(self, request: Request, plan: _StepPlan, now: float) -> bool:
+        """A decode whose next token cannot wait for the step after this one: its TBT
+        promise is kept only if it is in this step."""
+        if request.last_token_time is None:
+            return False
+        return self._token_deadline(request) <= now + (plan.limit_s or 0.0)
 
     @staticmethod
     def _is_ttft_at_risk(request: Request, num_chunk: int, limit_s: float, now: float) -> bool:
@@ -380,15 +393,38 @@ class Scheduler:
         ordered = list(self.policy.order_running(self.running, now))
         if plan.limit_s is not None:  # due decodes, prefills, the rest; the policy's order within
             ordered.sort(key=lambda r: self._shaped_order(r, plan, now))
+        queued_prompts = self._queued_prompt_tokens_by_rank()
         for request in ordered:
             if request.status is not RequestStatus.RUNNING or plan.token_budget <= 0:
                 continue
             if self._is_at_length_limit(request):
                 continue  # its last token is still being sampled; it finishes then
-            num_tokens = self._shaped_tokens(request, plan.num_tokens_for(request), plan, now)
+            num_tokens = plan.num_tokens_for(request)
+            if not request.is_prefill_done:  # a prompt leaves the budget to higher ones queued
+                rank = self.reservations.rank(request)
+                num_kept = sum(n for r, n in queued_prompts.items() if r < rank)
+                num_tokens = min(num_tokens, max(0, plan.token_budget - num_kept))
+            num_tokens = self._shaped_tokens(request, num_tokens, plan, now)
             if num_tokens and self._make_room(request, num_tokens, plan, now):
                 self.kv.allocate_slots(request, num_tokens)
                 plan.add(request, num_tokens)
+
+    def _queued_prompt_tokens_by_rank(self) -> dict[int, int]:
+        """Prompt tokens of the waiting requests whose prompt fits the free device blocks,
+        by class rank: the step budget a running prompt of a lower class leaves them (it
+        started first, but a gold prompt does not wait behind a bronze one's chunks)."""
+        if not self.reservations.is_ranked:
+            return {}
+        tokens: dict[int, int] = {}
+        num_free = self.kv.device.num_free_blocks
+        for request in self.waiting:
+            num_blocks = self.kv.num_blocks_for(request.num_tokens)
+            if num_blocks > num_free:
+                continue
+            num_free -= num_blocks
+            rank = self.reservations.rank(request)
+            tokens[rank] = tokens.get(rank, 0) + request.num_uncomputed_tokens
+        return tokens
 
     def _make_room(self, request: Request, num_tokens: int, plan: _StepPlan, now: float) -> bool:
         """Preempt the policy's victims until `request` fits; False if it cannot run now."""
@@ -432,6 +468,8 @@ class Scheduler:
         blocked_rank = None  # a request that does not fit blocks those of its class and below
         queue = list(self.policy.order_queue(self.waiting, self.swapped, now))
         queue.sort(key=self.reservations.rank)  # class first, the policy's order within
+        if self.is_shaping_steps:  # overdue rotated-out decodes first: a row each, not a chunk
+            queue.sort(key=lambda r: not self._is_overdue(r, plan, now))
         for request in queue:
             if plan.token_budget <= 0:
                 break

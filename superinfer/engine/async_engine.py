@@ -39,7 +39,13 @@ from superinfer.engine.snapshot import EngineSnapshot, StepRecord, expected_outp
 from superinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from superinfer.sampling_params import SamplingParams
 from superinfer.slo import SLOTargets
-from superinfer.slo.estimate import PrefillCost, Queued, ReleaseRate
+from superinfer.slo.estimate import (
+    DrainRate,
+    PrefillCost,
+    Queued,
+    ReleaseRate,
+    num_pinned_host_blocks,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +132,7 @@ class AsyncEngine:
         self._added: list[str] = []  # engine thread: added since the last publish
         # device blocks released per second by ended requests, over recent publishes
         self._release_rate = ReleaseRate(_RELEASE_WINDOW_S)
+        self._host_drain = DrainRate(_RELEASE_WINDOW_S)  # and pinned host blocks drained
         self._cond = threading.Condition()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -422,6 +429,9 @@ class AsyncEngine:
             num_generation_tokens=self._num_generation_tokens,
             release_blocks_per_s=self._release_rate.update(
                 self.engine.clock(), snapshot.num_released_blocks),
+            host_drain_blocks_per_s=self._host_drain.update(self.engine.clock(),
+                num_pinned_host_blocks(snapshot.num_host_blocks, snapshot.num_free_host_blocks,
+                                       snapshot.num_reclaimable_host_blocks)),
         )  # fmt: skip
         added, self._added = self._added, []
         with self._cond:

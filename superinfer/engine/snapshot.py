@@ -70,6 +70,7 @@ class EngineSnapshot:
     swapped_blocks_by_class: Mapping[str | None, int] = field(default_factory=dict)
     num_released_blocks: int = 0  # device blocks freed by requests that ended, in all
     release_blocks_per_s: float = 0.0  # of those, recently (the async engine's to add)
+    host_drain_blocks_per_s: float = 0.0  # how fast the pinned host blocks fall (likewise)
 
 
 def build_snapshot(scheduler: Scheduler, transfer: TransferStats) -> EngineSnapshot:

@@ -14,6 +14,12 @@
   would not fit the device pool (slo/estimate.py, `Estimator.tpot`): an admitted
   request keeps its TPOT as well as its first token, and a promise already made is not
   broken to make a new one;
+- 425 `slo_infeasible` (reason `kv_infeasible`) when such a request's KV, with what every
+  admitted request will hold when done, would not fit the device pool and the host tier
+  (up to the policy's guard), less 10% for each class above its own that is arriving
+  lately: room for it could only come from dropping an admitted request's KV for
+  recompute, breaking a promise already made, and the classes above keep room to be
+  admitted first;
 - 429 `queue_full` with Retry-After: the waiting queue is full by count or by tokens.
 
 The estimate is `slo/estimate.py`'s (queue ahead in class order, prefill, the wait for
@@ -33,6 +39,7 @@ from superinfer.slo.estimate import (
     EngineLoad,
     Estimator,
     FirstTokenEstimate,
+    TokenRate,
     TpotEstimate,
 )
 
@@ -63,6 +70,7 @@ class Admission:
 
     def __post_init__(self) -> None:
         self.estimator = Estimator(self.class_order)
+        self.offered = TokenRate()  # the classes asking lately, admitted or not
 
     # --- estimates ------------------------------------------------------------------------
     def estimate(self, load: Load, demand: Demand) -> FirstTokenEstimate:
@@ -99,6 +107,7 @@ class Admission:
         """Raise APIError 425 or 429, or return the estimate of a request that may enter
         the queue. `binding_ttft_ms`: the TTFT target the request is refused against;
         `demand.tbt_s`, the TBT target."""
+        self.offered.add(load.now, demand.slo_class, demand.num_prompt_tokens)
         estimate = self.estimate(load, demand)
         ttft_s = self.expected_ttft_s(demand, estimate)
         try:
@@ -107,6 +116,7 @@ class Admission:
             self._check_queue(load, demand)
             if binding_ttft_ms is not None and is_reject_infeasible:
                 self._check_first_token(ttft_s, binding_ttft_ms, demand.elapsed_s)
+                self._check_kv(load, demand)
             if demand.tbt_s is not None and is_reject_infeasible:
                 self._check_tpot(self.tpot(load, demand), demand.tbt_s, load.num_device_blocks)
         except APIError as error:  # the refusal reports the estimate (errors.py)
@@ -123,6 +133,22 @@ class Admission:
                 f"the TTFT target cannot be met: the first token is estimated in "
                 f"{ttft_s * 1000:.0f} ms, {max(0.0, budget_s) * 1000:.0f} ms are left",
                 "slo_infeasible", reason="ttft_infeasible",
+            )  # fmt: skip
+
+    def _check_kv(self, load: Load, demand: Demand) -> None:
+        if not load.num_device_blocks:  # the pool's size is not known
+            return
+        num_committed, num_capacity = self.estimator.kv_commitment(
+            load, demand.num_prompt_tokens, demand.max_tokens, demand.slo_class,
+            self.offered.rates(load.now),
+        )  # fmt: skip
+        if num_committed > num_capacity:
+            raise APIError(
+                425,
+                f"the KV cache is committed: the admitted requests and this one would hold "
+                f"{num_committed} KV blocks when done, the device and host tiers hold "
+                f"{num_capacity} for its class",
+                "slo_infeasible", reason="kv_infeasible",
             )  # fmt: skip
 
     @staticmethod

@@ -173,6 +173,7 @@ class EngineHost:
             running_blocks_by_class=snapshot.running_blocks_by_class,
             swapped_blocks_by_class=snapshot.swapped_blocks_by_class,
             release_blocks_per_s=snapshot.release_blocks_per_s,
+            host_drain_blocks_per_s=snapshot.host_drain_blocks_per_s,
             prompt_tokens_per_s_by_class=self.admitted_tokens.rates(time.monotonic()),
             decoding=snapshot.decoding,
             decode_step_s=snapshot.decode_step_s if is_busy else self.warmup_step_time_s,

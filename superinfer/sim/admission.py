@@ -26,7 +26,13 @@ from superinfer.engine.snapshot import (
 from superinfer.server.admission import Admission, Demand, Load
 from superinfer.server.errors import APIError
 from superinfer.slo.classes import SLOConfig
-from superinfer.slo.estimate import PrefillCost, ReleaseRate, TokenRate
+from superinfer.slo.estimate import (
+    DrainRate,
+    PrefillCost,
+    ReleaseRate,
+    TokenRate,
+    num_pinned_host_blocks,
+)
 
 _EMA_WEIGHT = 0.2  # as the async engine's step-time average
 _RELEASE_WINDOW_S = 20.0
@@ -51,6 +57,8 @@ class SimAdmission:
         self.admitted_tokens = TokenRate(_RELEASE_WINDOW_S)
         self.release_rate = ReleaseRate(_RELEASE_WINDOW_S)
         self.release_blocks_per_s = 0.0
+        self.host_drain = DrainRate(_RELEASE_WINDOW_S)
+        self.host_drain_blocks_per_s = 0.0
         self._estimates: dict[str, tuple[Request, float]] = {}  # no first token yet: raw s
         self.reasons: dict[str, str] = {}  # refused request id -> the refusal's reason
 
@@ -100,6 +108,7 @@ class SimAdmission:
             host_admission_guard=scheduler.policy.host_admission_guard,
             swapped_blocks_by_class=swapped_blocks_by_class(scheduler),
             release_blocks_per_s=self.release_blocks_per_s,
+            host_drain_blocks_per_s=self.host_drain_blocks_per_s,
             prompt_tokens_per_s_by_class=self.admitted_tokens.rates(now),
             decoding=decoding_requests(scheduler),
             decode_step_s=self.decode_step_s if is_busy else self.idle_step_s, now=now,
@@ -118,7 +127,14 @@ class SimAdmission:
             else:  # as the server's engine does (`AsyncEngine._step`)
                 self.prefill_cost.observe_step(shape, step_s, self.decode_step_s)
         self.release_blocks_per_s = self.release_rate.update(
-            now, scheduler.stats.num_released_blocks)
+            now, scheduler.stats.num_released_blocks
+        )
+        kv = scheduler.kv
+        num_reclaimable = kv.num_reclaimable_host_blocks(scheduler.policy.host_admission_guard)
+        self.host_drain_blocks_per_s = self.host_drain.update(
+            now,
+            num_pinned_host_blocks(kv.host.num_blocks, kv.host.num_free_blocks, num_reclaimable),
+        )
         for request_id, (request, raw_s) in list(self._estimates.items()):
             first = request.first_token_time
             if first is not None:

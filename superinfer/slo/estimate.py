@@ -18,8 +18,11 @@ Pure Python over plain data: `EngineLoad` is built from the engine's published s
     memory      = blocks the queue ahead, the rotated-out requests of this class and
                   those above (they come back first) and this request need beyond what is
                   free or can be taken from lower classes, over the rate at which finishing
-                  requests free device blocks; at least the host blocks to be freed before
-                  the policy's host guard lets a newcomer in (rotasched: 90% used)
+                  requests free device blocks; or, when no lower class runs to be displaced,
+                  the host blocks to be freed before the policy's host guard lets a
+                  newcomer in (rotasched: 90% used), over the rate the host tier drains
+                  (rotation refills it: a full host tier that holds steady admits no
+                  newcomer, however fast device blocks free up)
     higher      = the share of the engine's time that prefilling more important classes'
                   new arrivals takes (their recent prompt tokens per second x the prefill
                   cost per token): they will be served ahead of this request while it
@@ -57,7 +60,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from superinfer.core.step_time import BatchShape
@@ -66,6 +69,8 @@ from superinfer.core.step_time import BatchShape
 # long. The estimate uses this instead of infinity so that it stays a number.
 UNKNOWN_MEMORY_WAIT_S = 60.0
 MAX_HIGHER_SHARE = 0.9
+# The share of the KV capacity a class leaves uncommitted for each class above it
+KV_HEADROOM_PER_CLASS = 0.1
 _POOLED = object()  # the correction's key for all classes together
 
 
@@ -118,6 +123,7 @@ class EngineLoad:
     running_blocks_by_class: Mapping[str | None, int] = field(default_factory=dict)
     swapped_blocks_by_class: Mapping[str | None, int] = field(default_factory=dict)
     release_blocks_per_s: float = 0.0  # device blocks freed by finishing requests, recently
+    host_drain_blocks_per_s: float = 0.0  # how fast the host tier's pinned blocks fall, recently
     prompt_tokens_per_s_by_class: Mapping[str | None, float] = field(default_factory=dict)
     decoding: tuple[Decoding, ...] = ()  # running and rotated-out requests
     decode_step_s: float = 0.0  # one step without prefill tokens (0: as step_time_s)
@@ -217,9 +223,13 @@ class Estimator:
         num_needed += _blocks(num_prompt_tokens, load.block_size)
         num_needed += self._num_blocks_by_rank(load.swapped_blocks_by_class, slo_class)[0]
         deficit = num_needed - self._num_available_blocks(load, slo_class)
-        deficit = max(deficit, _host_guard_deficit(load))
+        memory_s = _memory_wait_s(deficit, load.release_blocks_per_s)
+        if not self._num_blocks_by_rank(load.running_blocks_by_class, slo_class)[1]:
+            # the policy's host guard holds it back (a lower class running lets it pass)
+            host_wait_s = _memory_wait_s(_host_guard_deficit(load), load.host_drain_blocks_per_s)
+            memory_s = max(memory_s, host_wait_s)
         stretch = 1.0 / (1.0 - self._higher_share(load, slo_class))
-        return FirstTokenEstimate(compute_s, _memory_wait_s(deficit, load), stretch)
+        return FirstTokenEstimate(compute_s, memory_s, stretch)
 
     def tpot(
         self,
@@ -292,6 +302,32 @@ class Estimator:
                    if self.rank(name) < rank)  # fmt: skip
         return min(MAX_HIGHER_SHARE, rate * load.prefill_s_per_token)
 
+    def kv_commitment(
+        self,
+        load: EngineLoad,
+        num_prompt_tokens: int,
+        max_tokens: int,
+        slo_class: str | None,
+        classes_offered: Collection[str | None] = (),
+    ) -> tuple[int, int]:
+        """(KV blocks the admitted requests, every class, and this one hold when done; the
+        blocks this request's class may commit: the device pool, and the host tier up to
+        the policy's guard when the policy rotates, less `KV_HEADROOM_PER_CLASS` for each
+        class above it among `classes_offered`, those arriving lately). Past the whole,
+        some admitted request would have to be dropped and recomputed to make room: a
+        promise broken. The headroom keeps room for the classes above that are asking for
+        it: under overload bronze is refused before gold is."""
+        finals = [d.num_final_tokens for d in load.decoding]
+        finals += [q.num_final_tokens or q.num_tokens for q in load.queued]
+        finals.append(num_prompt_tokens + max(1, max_tokens))
+        num_committed = sum(_blocks(n - 1, load.block_size) for n in finals)
+        num_host = math.floor(load.host_admission_guard * load.num_host_blocks)
+        num_capacity = load.num_device_blocks + (num_host if load.is_preempt_by_swap else 0)
+        rank = self.rank(slo_class)
+        num_above = sum(1 for name in set(classes_offered) if self.rank(name) < rank)
+        share = max(0.0, 1.0 - KV_HEADROOM_PER_CLASS * num_above)
+        return num_committed, math.floor(share * num_capacity)
+
     def finish_s(self, load: EngineLoad, first_token_s: float, max_tokens: int) -> float:
         """Seconds from now to the last token: the first, then a step per token."""
         return first_token_s + max(0, max_tokens - 1) * load.step_time_s
@@ -332,16 +368,18 @@ def _host_guard_deficit(load: EngineLoad) -> int:
     host guard: rotasched keeps the last 10% of the host tier for rotation)."""
     if load.host_admission_guard >= 1.0 or load.num_host_blocks <= 0:
         return 0
-    num_used = load.num_host_blocks - load.num_free_host_blocks - load.num_reclaimable_host_blocks
+    num_used = num_pinned_host_blocks(
+        load.num_host_blocks, load.num_free_host_blocks, load.num_reclaimable_host_blocks
+    )
     return num_used - math.floor(load.host_admission_guard * load.num_host_blocks)
 
 
-def _memory_wait_s(num_deficit_blocks: int, load: EngineLoad) -> float:
+def _memory_wait_s(num_deficit_blocks: int, blocks_per_s: float) -> float:
     if num_deficit_blocks <= 0:
         return 0.0
-    if load.release_blocks_per_s <= 0:
+    if blocks_per_s <= 0:
         return UNKNOWN_MEMORY_WAIT_S
-    return num_deficit_blocks / load.release_blocks_per_s
+    return num_deficit_blocks / blocks_per_s
 
 
 class TokenRate:
@@ -386,6 +424,19 @@ class ReleaseRate:
             samples.popleft()
         elapsed = now - samples[0][0]
         return (num_released - samples[0][1]) / elapsed if elapsed > 0 else 0.0
+
+
+class DrainRate(ReleaseRate):
+    """How fast a level falls (the host tier's pinned blocks): its drop per second over the
+    last `window_s` seconds, 0 while it held or rose."""
+
+    def update(self, now: float, level: int) -> float:  # type: ignore[override]
+        return max(0.0, -super().update(now, level))
+
+
+def num_pinned_host_blocks(num_host_blocks: int, num_free: int, num_reclaimable: int) -> int:
+    """Host blocks in use that the tier cannot drop: what the host guard counts."""
+    return num_host_blocks - num_free - num_reclaimable
 
 
 class PrefillCost:

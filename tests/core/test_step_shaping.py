@@ -206,3 +206,66 @@ def test_a_shaped_step_carries_the_prompt_tokens_that_fit_beside_the_tightest_pr
     unshaped, _, _ = gold_and_bronze(False, model, num_bronze=10)
     drive(unshaped, model, 5)
     assert unshaped.num_prefill_tokens_per_step() == 256
+
+
+SILVER = SLOTargets(ttft_ms=1000, tbt_ms=200, slo_class="silver")
+
+
+def test_gold_decodes_that_fill_the_limit_do_not_starve_an_admitted_silver():
+    """Six gold decodes take a whole 90 ms step between them; the silver admitted beside
+    them still gets a token whenever its own is overdue: one row, not a broken promise."""
+    model = LinearCost(seq_s=0.01)  # 6 gold: 0.03 + 6 x 0.0105 = 0.093 s
+    s = make_scheduler("rotasched", tbt_shaped_steps=True, num_device_blocks=400,
+                       max_num_batched_tokens=256, step_model=model, class_order=CLASSES)  # fmt: skip
+    golds = [classed(make_request(8, max_tokens=80, request_id=f"g{i}"), GOLD) for i in range(6)]
+    silver = classed(make_request(8, max_tokens=30, request_id="silver"), SILVER)
+    for request in [*golds, silver]:
+        s.add_request(request)
+    drive(s, model, 200)
+    assert silver.status is RequestStatus.FINISHED_LENGTH
+    assert max(gaps(silver)) <= 2 * SILVER.tbt_s + 0.11  # its latest deadline, then a step
+    assert mean(gaps(silver)) <= SILVER.tbt_s
+
+
+def test_a_rotated_out_junior_comes_back_when_due_while_gold_prompts_keep_coming():
+    """Gold prompts arrive one after another and take every step's token budget; a bronze
+    rotated out to the host tier is still swapped back in for its token on time, ahead of
+    the prompts: a queued decode costs a row, a prompt a chunk."""
+    model = LinearCost(token_s=0.001)
+    s = make_scheduler("rotasched", tbt_shaped_steps=True, num_device_blocks=400,
+                       max_num_batched_tokens=64, step_model=model, class_order=CLASSES)  # fmt: skip
+    gold = classed(make_request(8, max_tokens=400, request_id="gold"), GOLD)
+    bronze = classed(make_request(8, max_tokens=12, request_id="bronze"), BRONZE)
+    for request in (gold, bronze):
+        s.add_request(request)
+    now = drive(s, model, 3)
+    assert s.rotate_out("bronze")
+    arrivals = [(now + 0.1 * i, classed(make_request(120, max_tokens=2, request_id=f"p{i}",
+                                                     arrival_time=now + 0.1 * i), GOLD))
+                for i in range(60)]  # fmt: skip
+    drive(s, model, 400, now=now, arrivals=arrivals)
+    assert bronze.status is RequestStatus.FINISHED_LENGTH
+    assert max(gaps(bronze)) <= 2 * BRONZE.tbt_s + 0.2
+
+
+def test_a_running_bronze_prompt_leaves_the_step_budget_to_a_queued_gold_prompt():
+    """Running requests are served first, but a bronze prompt part-way through its chunks
+    does not make a gold prompt that arrived after it wait for them all."""
+    s = make_scheduler("fcfs-recompute", num_device_blocks=400, max_num_batched_tokens=64,
+                       class_order=CLASSES)  # fmt: skip
+    bronze = classed(make_request(300, max_tokens=4, request_id="bronze"), BRONZE)
+    s.add_request(bronze)
+    now = drive(s, LinearCost(), 2)  # two 64-token chunks of its prompt
+    assert bronze.num_computed_tokens == 128
+    gold = classed(make_request(40, max_tokens=4, request_id="gold", arrival_time=now), GOLD)
+    s.add_request(gold)
+    out = s.schedule(now)
+    counts = {q.request_id: q.num_query_tokens for q in out.sequences}
+    assert counts == {"gold": 40, "bronze": 24}
+    s.update_from_output(out, fake_model_output(out), now + 0.05)
+    s.check_invariants()
+    unranked = make_scheduler("fcfs-recompute", num_device_blocks=400, max_num_batched_tokens=64)
+    unranked.add_request(make_request(300, max_tokens=4, request_id="first"))
+    drive(unranked, LinearCost(), 1)
+    unranked.add_request(make_request(40, max_tokens=4, request_id="second"))
+    assert [q.request_id for q in unranked.schedule(1.0).sequences] == ["first"]  # no classes

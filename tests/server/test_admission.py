@@ -176,3 +176,37 @@ def test_the_admission_quantile_is_checked() -> None:
     for bad in (0.2, 1.0, 1.5):
         with pytest.raises(ValueError, match="admission_quantile"):
             ServerConfig(admission_quantile=bad)
+
+
+def test_kv_the_admitted_requests_hold_when_done_beyond_both_tiers_is_425():
+    """Every admitted request, whatever its class, keeps room for its KV to the end: past
+    the device pool plus the host tier up to the guard, making room would mean dropping one
+    for recompute. A policy that does not rotate has only the device pool."""
+
+    def running(slo_class: str) -> Decoding:
+        return Decoding(1.0, 100, 50, 0.0, slo_class=slo_class, num_final_tokens=160)  # 10 blocks
+
+    full = Load(step_time_s=0.05, prefill_s_per_token=0.002, block_size=16, num_device_blocks=40,
+                num_host_blocks=50, num_free_host_blocks=50, host_admission_guard=0.9,
+                is_preempt_by_swap=True,
+                decoding=tuple(running("bronze") for _ in range(7)))  # fmt: skip
+    # 70 blocks held, 40 + 45 the tiers hold for them: 15 left
+    check(full, prompt=100, max_tokens=140, ttft_ms=5000, slo_class="gold")  # 15 blocks
+    with pytest.raises(APIError) as info:
+        check(full, prompt=100, max_tokens=141, ttft_ms=5000, slo_class="gold")  # 16
+    assert (info.value.status, info.value.reason) == (425, "kv_infeasible")
+    no_rotation = Load(**{**vars(full), "is_preempt_by_swap": False})
+    with pytest.raises(APIError):  # 70 blocks already past the 40 of the device
+        check(no_rotation, prompt=10, max_tokens=5, ttft_ms=5000, slo_class="gold")
+    check(full, prompt=100, max_tokens=141, ttft_ms=5000, reject=False)  # best effort: admitted
+    # with gold arriving, silver leaves it 10% of the 85 blocks (76), bronze leaves gold and
+    # silver 20% (68): bronze is refused first, gold last
+    gate = admission()
+    check(full, prompt=60, max_tokens=37, ttft_ms=5000, slo_class="silver", gate=gate)  # 77
+    with pytest.raises(APIError):  # gold was refused just now: it is asking
+        check(full, prompt=100, max_tokens=141, ttft_ms=5000, slo_class="gold", gate=gate)
+    check(full, prompt=60, max_tokens=36, ttft_ms=5000, slo_class="silver", gate=gate)  # 76
+    with pytest.raises(APIError):
+        check(full, prompt=60, max_tokens=37, ttft_ms=5000, slo_class="silver", gate=gate)
+    with pytest.raises(APIError):  # 7 blocks: 77, past 85 less gold's and silver's 10% each
+        check(full, prompt=60, max_tokens=37, ttft_ms=5000, slo_class="bronze", gate=gate)

@@ -13,6 +13,7 @@ from superinfer.slo.estimate import (
     UNKNOWN_MEMORY_WAIT_S,
     Correction,
     Decoding,
+    DrainRate,
     EngineLoad,
     Estimator,
     PrefillCost,
@@ -146,14 +147,35 @@ def test_memory_bound_waits_for_blocks_to_be_released():
 
 def test_a_full_host_tier_holds_a_newcomer_back_as_the_policys_guard_does():
     """rotasched admits no brand-new request while its host tier is over 90% used: device
-    room does not help until finishing requests bring the host under the guard."""
-    full = {"num_host_blocks": 100, "num_free_host_blocks": 4, "release_blocks_per_s": 3.0}
+    room does not help until the host tier drains under the guard, and a host tier that
+    rotation keeps full (it drains at no rate) holds it back for an unknown, long time."""
+    full = {"num_host_blocks": 100, "num_free_host_blocks": 4, "release_blocks_per_s": 50.0,
+            "host_drain_blocks_per_s": 3.0}  # fmt: skip
     load = base(host_admission_guard=0.9, **full)  # 96 used, 90 allowed: 6 blocks to free
     assert ESTIMATOR.first_token(load, 100, None, deadline=5.0).memory_s == pytest.approx(2.0)
+    steady = base(host_admission_guard=0.9, **{**full, "host_drain_blocks_per_s": 0.0})
+    assert ESTIMATOR.first_token(steady, 100, None, 5.0).memory_s == UNKNOWN_MEMORY_WAIT_S
     under = base(host_admission_guard=0.9, **{**full, "num_free_host_blocks": 10})
     assert ESTIMATOR.first_token(under, 100, None, deadline=5.0).memory_s == 0.0
     no_guard = base(**full)  # a policy without one (fcfs, edf, ddps)
     assert ESTIMATOR.first_token(no_guard, 100, None, deadline=5.0).memory_s == 0.0
+
+
+def test_the_host_guard_does_not_hold_back_a_class_that_displaces_a_running_lower_one():
+    """As the scheduler's guard: gold passes it while bronze runs (it makes room by
+    displacing bronze), bronze with nothing below it does not."""
+    steady = base(host_admission_guard=0.9, num_host_blocks=100, num_free_host_blocks=4,
+                  running_blocks_by_class={"bronze": 10}, num_free_device_blocks=500)  # fmt: skip
+    assert ESTIMATOR.first_token(steady, 100, "gold", 5.0).memory_s == 0.0
+    assert ESTIMATOR.first_token(steady, 100, "bronze", 5.0).memory_s == UNKNOWN_MEMORY_WAIT_S
+
+
+def test_the_drain_rate_is_how_fast_a_level_falls():
+    drain = DrainRate(window_s=10.0)
+    assert drain.update(0.0, 90) == 0.0
+    assert drain.update(2.0, 80) == pytest.approx(5.0)
+    assert drain.update(4.0, 95) == 0.0  # above where the window started: it filled
+    assert drain.update(20.0, 60) == pytest.approx((95 - 60) / 16.0)  # the window moved on
 
 
 def test_room_counts_lower_classes_running_and_rotated_out_requests_ahead():
@@ -333,7 +355,7 @@ def test_the_host_wait_is_expected_exactly_when_the_policy_holds_a_newcomer_back
     brand_new = make_request()
     for num_used in range(300, 365):
         load = base(num_host_blocks=364, num_free_host_blocks=364 - num_used,
-                    host_admission_guard=policy.host_admission_guard, release_blocks_per_s=1.0)  # fmt: skip
+                    host_admission_guard=policy.host_admission_guard, host_drain_blocks_per_s=1.0)  # fmt: skip
         memory = MemoryState(100, 100, 10, num_used / 364)
         is_held_back = not policy.may_admit(brand_new, memory)
         is_wait = ESTIMATOR.first_token(load, 16, None, deadline=5.0).memory_s > 0
