@@ -140,6 +140,7 @@ class AsyncEngine:
         self._num_steps_untrimmed = 0
         self._num_prompt_tokens = self._num_generation_tokens = 0
         self._last_step: StepRecord | None = None  # from the engine's step observer
+        self._step_started: float | None = None  # engine clock, while a step runs
         self.dead_error: BaseException | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -340,8 +341,15 @@ class AsyncEngine:
         """The engine's step observer: the step-time metric reads its wall time."""
         self._last_step = record
 
+    def step_in_flight_s(self) -> float:
+        """Seconds the step now running has run (0 between steps): admission counts the
+        rest of it before a newcomer's first token."""
+        started = self._step_started
+        return 0.0 if started is None else max(0.0, self.engine.clock() - started)
+
     def _step(self) -> None:
         self._last_step = None
+        self._step_started = self.engine.clock()
         try:
             outputs = self.engine.step()
         except Exception as error:
@@ -362,6 +370,7 @@ class AsyncEngine:
             time.sleep(_SPIN_SLEEP_S)
         self._count_tokens(outputs)
         self._publish(step_time, decode_step)
+        self._step_started = None
         finals = [o.request_id for o in outputs if o.finished]
         self._active.difference_update(finals)
         if outputs:

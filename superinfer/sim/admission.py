@@ -13,6 +13,8 @@ request's first token teaches the correction as it does in the server.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from superinfer.core.outputs import SchedulerOutput
 from superinfer.core.request import Request
 from superinfer.core.scheduler import Scheduler
@@ -63,8 +65,9 @@ class SimAdmission:
         self.reasons: dict[str, str] = {}  # refused request id -> the refusal's reason
 
     def admit(self, now: float, request: Request, scheduler: Scheduler,
-              inbox: list[Request]) -> bool:  # fmt: skip
-        """The server's checks for `request` arriving at `now`; False: refused."""
+              inbox: list[Request], step_left_s: float = 0.0) -> bool:  # fmt: skip
+        """The server's checks for `request` arriving at `now` (`step_left_s` before the
+        step in flight ends); False: refused."""
         targets = request.slo
         demand = Demand(request.num_prompt_tokens, request.sampling_params.max_tokens or 1,
                         targets.slo_class, request.arrival_time + targets.ttft_s, 0.0,
@@ -73,7 +76,8 @@ class SimAdmission:
         is_reject = slo_class is None or slo_class.reject_infeasible
         try:
             estimate = self.admission.check(
-                self.load(now, scheduler, inbox), demand, targets.max_latency_ms, is_reject,
+                replace(self.load(now, scheduler, inbox), step_left_s=step_left_s), demand,
+                targets.max_latency_ms, is_reject,
                 targets.ttft_ms,
             )  # fmt: skip
         except APIError as error:

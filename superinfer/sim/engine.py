@@ -91,6 +91,7 @@ class SimEngine:
         self.admission = admission  # None: every servable request is admitted
         self._inbox: list[Request] = []
         self._last_step_end: float | None = None  # while busy: when the last step ended
+        self._step_end: float | None = None  # when the step in flight ends (no pipeline)
         self.forwards = PredictedForwards(runner, transfer)
         self.steps = StepLoop(scheduler, transfer, self.forwards, is_pipelined)
         self._is_busy = False  # an engine event is in the heap
@@ -98,9 +99,10 @@ class SimEngine:
 
     # --- outside events -------------------------------------------------------------------
     def on_arrival(self, now: float, request: Request) -> Iterable[Event]:
+        step_left_s = max(0.0, self._step_end - now) if self._step_end is not None else 0.0
         if not self._is_servable(request) or (
             self.admission is not None
-            and not self.admission.admit(now, request, self.scheduler, self._inbox)
+            and not self.admission.admit(now, request, self.scheduler, self._inbox, step_left_s)
         ):
             self.rejected.append(request)
             return []
@@ -145,6 +147,7 @@ class SimEngine:
             return self._idle()
         start = max(host_done, self.transfer.ready_time(output.swap_in_transfer_ids))
         end = start + self.runner.duration(output)
+        self._step_end = end
         return [StepDone(end, output)]
 
     def finish_step(self, now: float, output: SchedulerOutput) -> list[Event]:
@@ -174,7 +177,7 @@ class SimEngine:
 
     def _idle(self) -> list[Event]:
         self._is_busy = False
-        self._last_step_end = None
+        self._last_step_end = self._step_end = None
         return []
 
     def _after_update(self, now: float, output: SchedulerOutput) -> None:

@@ -6,15 +6,17 @@ Pure Python over plain data: `EngineLoad` is built from the engine's published s
 (never the live engine), times are seconds from now, deadlines are on the engine's clock.
 
     first token = (compute + memory) / (1 - higher), times the learned correction
-    compute     = (prompt tokens ahead + this prompt) x prefill cost per token
+    compute     = the rest of the step in flight (nothing new starts before it ends)
+                  + (prompt tokens ahead + this prompt) x prefill cost per token
                   + their attention pairs x prefill cost per pair (a long prompt's last
                     chunks attend to all of its first ones)
                   + one decode step per step's worth of those tokens (with steps shaped by
                     TBT, the tokens a shaped step carries for a class below the one
                     decoding: a gold request decoding slows the bronze queue)
-                  + the prompts of this class and below arriving meanwhile (their recent
-                    rate x the above), up to what its last step has left of the budget:
-                    the first token comes when that whole step ends
+                  + the prompt work behind it (lower classes' running prompts, the queue
+                    behind it, and the prompts of this class and below arriving meanwhile:
+                    their recent rate x the above), up to what its last step has left of
+                    the budget: the first token comes when that whole step ends
     memory      = blocks the queue ahead, the rotated-out requests of this class and
                   those above (they come back first) and this request need beyond what is
                   free or can be taken from lower classes, over the rate at which finishing
@@ -130,6 +132,7 @@ class EngineLoad:
     now: float = 0.0  # the engine clock when this load was read
     num_device_blocks: int = 0  # the device pool's size (0: not known, not checked)
     decode_row_s: float = 0.0  # what one more decoding sequence adds to a step (0: unknown)
+    step_left_s: float = 0.0  # until the step in flight ends (0: none, or not known)
 
     @property
     def num_queued(self) -> int:
@@ -213,11 +216,15 @@ class Estimator:
         num_steps = -(-num_prefill // budget)
         # the prefill costs are a step's time beyond its decodes' (`PrefillCost`)
         step_s = load.decode_step_s or load.step_time_s
-        compute_s = (num_prefill * load.prefill_s_per_token + num_pairs * load.prefill_s_per_pair
-                     + num_steps * step_s)  # fmt: skip
-        # prompts arriving behind it meanwhile fill what its last step has left of the budget
+        compute_s = (load.step_left_s + num_prefill * load.prefill_s_per_token
+                     + num_pairs * load.prefill_s_per_pair + num_steps * step_s)  # fmt: skip
+        # prompt work behind it fills what its last step has left of the budget: lower
+        # classes' running prompts, the queue behind it, and arrivals meanwhile
+        num_behind = sum(d.num_prefill_tokens for d in load.decoding
+                         if self.rank(d.slo_class) > rank)  # fmt: skip
+        num_behind += load.num_queued_tokens - sum(q.num_tokens for q in ahead)
         num_joining = min(num_steps * budget - num_prefill,
-                          self._not_higher_rate(load, slo_class) * compute_s)  # fmt: skip
+                          num_behind + self._not_higher_rate(load, slo_class) * compute_s)  # fmt: skip
         compute_s += num_joining * load.prefill_s_per_token
         num_needed = sum(_blocks(q.num_tokens, load.block_size) for q in ahead)
         num_needed += _blocks(num_prompt_tokens, load.block_size)

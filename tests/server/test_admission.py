@@ -88,9 +88,10 @@ def test_a_first_token_that_cannot_come_in_time_is_425():
 
 
 def test_a_bronze_backlog_is_not_ahead_of_gold():
-    backlog = Load(queue(3, 900, "bronze"), step_time_s=0.05, prefill_s_per_token=0.002)
-    check(backlog, ttft_ms=500, slo_class="gold")  # 0.2 s + one step
-    with pytest.raises(APIError):
+    backlog = Load(queue(3, 900, "bronze"), step_time_s=0.05, prefill_s_per_token=0.0005)
+    # gold's 100 tokens go first, in one step that 412 bronze tokens fill: 0.256 s + 0.05
+    assert check(backlog, ttft_ms=500, slo_class="gold").raw_s == pytest.approx(0.306)
+    with pytest.raises(APIError):  # 1,000 tokens in two steps: 0.6 s
         check(backlog, ttft_ms=500, slo_class="bronze")
 
 

@@ -41,7 +41,8 @@ def test_prefill_bound():
 
 def test_deadline_ordered_queue_counts_only_what_is_due_first():
     load = base(queued=(Queued(1.0, 400), Queued(9.0, 300)), is_queue_by_deadline=True)
-    assert ESTIMATOR.first_token(load, 100, None, deadline=5.0).compute_s == pytest.approx(0.55)
+    # 500 tokens ahead and its own in one step, which the one due later fills (12 tokens)
+    assert ESTIMATOR.first_token(load, 100, None, deadline=5.0).compute_s == pytest.approx(0.562)
     fifo = base(queued=load.queued)  # a FIFO policy serves all of them first
     assert ESTIMATOR.first_token(fifo, 100, None, deadline=5.0).compute_s == pytest.approx(0.9)
 
@@ -51,7 +52,7 @@ def test_class_order_puts_lower_classes_behind():
     load = base(queued=queued)
     gold = ESTIMATOR.first_token(load, 100, "gold", deadline=5.0)
     bronze = ESTIMATOR.first_token(load, 100, "bronze", deadline=5.0)
-    assert gold.compute_s == pytest.approx(0.3 + 0.05)
+    assert gold.compute_s == pytest.approx(0.3 + 0.05 + 0.212)  # bronze fills its step
     assert bronze.compute_s == pytest.approx(0.8 + 2 * 0.05)
 
 
@@ -72,7 +73,8 @@ def test_running_prompts_left_to_prefill_are_ahead_of_a_newcomer_of_their_class_
                           Decoding(1.0, 10, 10, None, 200, "bronze")))  # fmt: skip
     gold = ESTIMATOR.first_token(load, 100, "gold", deadline=5.0)
     bronze = ESTIMATOR.first_token(load, 100, "bronze", deadline=5.0)
-    assert gold.compute_s == pytest.approx(0.4 + 0.05)  # bronze's rest is not ahead of gold
+    # bronze's rest is not ahead of gold: it only fills the step gold's prompt ends in
+    assert gold.compute_s == pytest.approx(0.4 + 0.05 + 0.112)
     assert bronze.compute_s == pytest.approx(0.6 + 2 * 0.05)
 
 
@@ -89,6 +91,23 @@ def test_prompts_arriving_behind_fill_the_rest_of_its_last_step():
     # gold's arrivals stretch a silver request instead; they do not fill its step twice
     gold = base(prompt_tokens_per_s_by_class={"gold": 300.0})
     assert ESTIMATOR.first_token(gold, 700, "silver", 5.0).compute_s == pytest.approx(alone)
+
+
+def test_prompt_work_behind_a_gold_prompt_fills_its_step():
+    """A gold prompt goes first, but the step that carries it carries the bronze prompt
+    running and the silver one queued behind it too, up to the budget: its first token
+    comes when that whole step ends."""
+    bronze = Decoding(1.0, 10, 10, None, num_prefill_tokens=900, slo_class="bronze")
+    load = base(decoding=(bronze,), queued=(Queued(9.0, 100, "silver"),))
+    gold = ESTIMATOR.first_token(load, 100, "gold", 5.0).compute_s
+    assert gold == pytest.approx(0.1 + 0.05 + 412 * 0.001)  # 100 + 412 behind: one step
+    assert ESTIMATOR.first_token(base(), 100, "gold", 5.0).compute_s == pytest.approx(0.15)
+
+
+def test_the_rest_of_the_step_in_flight_comes_first():
+    alone = ESTIMATOR.first_token(base(), 100, None, 5.0).compute_s
+    busy = ESTIMATOR.first_token(base(step_left_s=0.3), 100, None, 5.0).compute_s
+    assert busy == pytest.approx(alone + 0.3)
 
 
 def test_attention_pairs_price_a_long_prompt_above_its_tokens():
