@@ -393,7 +393,8 @@ class Scheduler:
         ordered = list(self.policy.order_running(self.running, now))
         if plan.limit_s is not None:  # due decodes, prefills, the rest; the policy's order within
             ordered.sort(key=lambda r: self._shaped_order(r, plan, now))
-        queued_prompts = self._queued_prompt_tokens_by_rank()
+        is_prefilling = any(not r.is_prefill_done for r in ordered)
+        queued_prompts = self._queued_prompt_tokens_by_rank() if is_prefilling else {}
         for request in ordered:
             if request.status is not RequestStatus.RUNNING or plan.token_budget <= 0:
                 continue

@@ -403,10 +403,10 @@ class TokenRate:
         self._admitted.append((now, slo_class, num_tokens))
         if self._start is None:
             self._start = now
+        self._forget(now)  # bounded whether or not anyone reads the rates
 
     def rates(self, now: float) -> dict[str | None, float]:
-        while self._admitted and self._admitted[0][0] < now - self.window_s:
-            self._admitted.popleft()
+        self._forget(now)
         totals: dict[str | None, float] = {}
         for _, slo_class, num_tokens in self._admitted:
             totals[slo_class] = totals.get(slo_class, 0.0) + num_tokens
@@ -414,6 +414,10 @@ class TokenRate:
         if self._start is not None:
             span_s = min(self.window_s, max(self.window_s / 4, now - self._start))
         return {name: total / span_s for name, total in totals.items()}
+
+    def _forget(self, now: float) -> None:
+        while self._admitted and self._admitted[0][0] < now - self.window_s:
+            self._admitted.popleft()
 
 
 class ReleaseRate:

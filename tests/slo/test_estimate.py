@@ -379,3 +379,13 @@ def test_the_host_wait_is_expected_exactly_when_the_policy_holds_a_newcomer_back
         is_held_back = not policy.may_admit(brand_new, memory)
         is_wait = ESTIMATOR.first_token(load, 16, None, deadline=5.0).memory_s > 0
         assert is_wait == is_held_back, num_used
+
+
+def test_a_token_rate_nobody_reads_keeps_only_its_window():
+    """Admission counts every request it sees, binding or not, but reads the rates only for
+    binding ones: what it keeps must not grow with a server's lifetime."""
+    rate = TokenRate(window_s=10.0)
+    for second in range(1000):
+        rate.add(float(second), None, 5)
+    assert len(rate._admitted) <= 11
+    assert rate.rates(999.0) == {None: pytest.approx(5.5)}  # 11 x 5 tokens over 10 s
