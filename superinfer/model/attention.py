@@ -364,7 +364,11 @@ def paged_attention(
     `window`: attend to the last `window` positions only; `scale` multiplies q.k (default
     1/sqrt(D)); `softcap`: scores become softcap * tanh(scores / softcap); `use_kernel`:
     decode through the CPU kernel where it runs (False: gather + SDPA, the reference)."""
-    write_kv(kv_cache, layer, k, v, meta)
+    kernel = decode_kernel() if use_kernel else None
+    if kernel is not None and kernel.can_write(kv_cache, k, v):
+        kernel.write_kv(kv_cache, layer, k, v, meta.slot_blocks, meta.slot_offsets)
+    else:
+        write_kv(kv_cache, layer, k, v, meta)
     workspace = workspace or GatherWorkspace()
     meta = meta.windowed(window)
     attend = Scores(scale, softcap)

@@ -1,57 +1,47 @@
-"""Paged decode attention on CPU with a small C kernel (`csrc/paged_decode.c`).
+"""Paged attention on CPU with small C kernels (`csrc/paged_decode.c`, `csrc/write_kv.c`).
 
 The portable path gathers every decode sequence's K/V blocks into a batch padded to the
 longest sequence and runs SDPA on it, so a step reads the cache, writes the copy, and reads
 it again, padding included. Under serving load (ShareGPT, 10-20 sequences of very
 different lengths) that was 40-50% of a step. The kernel reads each sequence's blocks in
-place instead.
+place instead. The KV write copies each token's rows straight into their slots.
 
-The kernel is compiled on first use with the system C compiler (`cc`, or `$CC`) into a
-cache directory and loaded with ctypes; it uses torch's OpenMP runtime, so the engine
-thread keeps one thread team. Where there is no compiler, the build fails, or
-SUPERINFER_CPU_KERNELS=0 is set, `decode_kernel()` returns None and attention keeps the
-portable path; the reason is logged once.
+`cpu_kernels.py` builds the library; where it cannot (no compiler, a failed build,
+SUPERINFER_CPU_KERNELS=0), `decode_kernel()` returns None and attention keeps the portable
+path; the reason is logged once.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
 import math
-import os
-import platform
-import shutil
 import subprocess
-import tempfile
-from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from superinfer.model.cpu_kernels import KernelsDisabled, load_library
+
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
-# vectorize the float reductions without -ffast-math (see the source's header)
-CFLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno",
-          "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros"]  # fmt: skip
 MAX_HEAD_DIM, MAX_GROUP = 256, 16  # as in the source
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
-_PTR, _I64P = ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64)
+_PTR, _INT, _I64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64  # pointers passed as ints
 
 
 class PagedDecodeKernel:
-    """The loaded kernel; `__call__` mirrors the C function's contract."""
+    """The loaded kernels: `__call__` (decode attention) and `write_kv` mirror the C
+    functions' contracts."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
         self._fn = library.paged_decode_attention
-        self._fn.restype = ctypes.c_int
-        self._fn.argtypes = (
-            [_PTR, _PTR, _PTR, ctypes.c_int, _I64P, _I64P, _I64P]
-            + [ctypes.c_int] * 8
-            + [ctypes.c_float, ctypes.c_int]
-        )
+        self._fn.restype = _INT
+        self._fn.argtypes = [_PTR] * 3 + [_INT] + [_PTR] * 3 + [_INT] * 8 + [ctypes.c_float, _INT]
+        self._write = library.write_kv
+        self._write.restype = _INT
+        self._write.argtypes = [_PTR, _I64, _PTR, _I64] + [_PTR] * 3 + [_I64] * 2 + [_INT] * 5
 
     def supports(self, kv_cache: Tensor, num_heads: int) -> bool:
         num_kv_heads, head_dim = kv_cache.shape[-2], kv_cache.shape[-1]
@@ -88,74 +78,63 @@ class PagedDecodeKernel:
         if not (block_tables.is_contiguous() and seq_lens.is_contiguous()
                 and starts.is_contiguous()):  # fmt: skip
             raise ValueError("block tables, sequence lengths and key starts must be contiguous")
-        starts_ptr = None if key_starts is None else ctypes.cast(key_starts.data_ptr(), _I64P)
+        starts_ptr = None if key_starts is None else key_starts.data_ptr()
         out = torch.empty_like(q)
         status = self._fn(
             q.data_ptr(), kv_cache.data_ptr(), out.data_ptr(), _DTYPES[kv_cache.dtype],
-            ctypes.cast(block_tables.data_ptr(), _I64P), ctypes.cast(seq_lens.data_ptr(), _I64P),
-            starts_ptr, num_seqs, block_tables.shape[1], num_layers, layer, block_size, num_heads,
+            block_tables.data_ptr(), seq_lens.data_ptr(), starts_ptr, num_seqs, block_tables.shape[1], num_layers, layer, block_size, num_heads,
             num_kv_heads, head_dim, scale or 1.0 / math.sqrt(head_dim), torch.get_num_threads(),
         )  # fmt: skip
         if status != 0:
             raise RuntimeError(f"paged_decode_attention failed with status {status}")
         return out
 
+    def can_write(self, kv_cache: Tensor, k: Tensor, v: Tensor) -> bool:
+        """Whether `write_kv` takes these tensors: the cache's dtype, on the CPU, each
+        token's heads contiguous (a row of a fused q/k/v projection is)."""
+        row = k.shape[1] * k.shape[2]
+        return (
+            kv_cache.device.type == "cpu"
+            and kv_cache.is_contiguous()
+            and k.dtype == v.dtype == kv_cache.dtype
+            and k.device.type == v.device.type == "cpu"
+            and k.shape[1:] == v.shape[1:] == kv_cache.shape[-2:]
+            and k.stride(2) == v.stride(2) == 1
+            and k.stride(1) == v.stride(1) == k.shape[2]
+            and min(k.stride(0), v.stride(0)) >= row
+        )
+
+    def write_kv(
+        self,
+        kv_cache: Tensor,
+        layer: int,
+        k: Tensor,
+        v: Tensor,
+        slot_blocks: Tensor,
+        slot_offsets: Tensor,
+    ) -> None:
+        """Store k/v (T, Hkv, D) of each token at (slot_blocks[t], slot_offsets[t]) of
+        `layer` (int64, contiguous); `can_write` must hold."""
+        if slot_blocks.dtype != torch.int64 or slot_offsets.dtype != torch.int64:
+            raise TypeError("slots must be int64")
+        slot_blocks, slot_offsets = slot_blocks.contiguous(), slot_offsets.contiguous()
+        num_blocks, num_layers, _, block_size = kv_cache.shape[:4]
+        status = self._write(
+            k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), kv_cache.data_ptr(),
+            slot_blocks.data_ptr(), slot_offsets.data_ptr(), k.shape[0], num_blocks, num_layers,
+            layer, block_size, k.shape[1] * k.shape[2], kv_cache.element_size(),
+        )  # fmt: skip
+        if status != 0:
+            raise IndexError("a KV slot lies outside the cache")
+
 
 @functools.cache
 def decode_kernel() -> PagedDecodeKernel | None:
     """The compiled kernel, or None where it cannot be built here (logged once)."""
-    if os.environ.get("SUPERINFER_CPU_KERNELS", "1") == "0":
-        logger.info("CPU attention kernel disabled by SUPERINFER_CPU_KERNELS=0")
-        return None
     try:
-        return PagedDecodeKernel(ctypes.CDLL(str(_build())))
+        return PagedDecodeKernel(load_library())
+    except KernelsDisabled as reason:
+        logger.info("CPU attention kernel off: %s", reason)
     except (OSError, RuntimeError, subprocess.SubprocessError) as error:
         logger.warning("CPU attention kernel unavailable, gathering K/V instead: %s", error)
-        return None
-
-
-def _build() -> Path:
-    """Compile the kernel once per source, flags, compiler and CPU; reuse it afterwards."""
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise RuntimeError("no C compiler found (set CC)")
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(
-        b"\0".join([source, " ".join(CFLAGS).encode(), compiler.encode(), _cpu_signature()])
-    ).hexdigest()[:16]
-    target = _cache_dir() / f"paged_decode-{key}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # build next to the target and rename: concurrent processes never see half a file
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        built = Path(tmp) / target.name
-        result = subprocess.run(
-            [compiler, *CFLAGS, str(SOURCE), "-o", str(built), "-lm"], check=False,
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        if result.returncode != 0:
-            raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[-2000:]}")
-        os.replace(built, target)
-    logger.info("built the CPU attention kernel: %s", target)
-    return target
-
-
-def _cache_dir() -> Path:
-    if "SUPERINFER_KERNEL_CACHE" in os.environ:
-        return Path(os.environ["SUPERINFER_KERNEL_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "superinfer" / "kernels"
-
-
-def _cpu_signature() -> bytes:
-    """What -march=native depends on: a cache shared between machines must not mix them."""
-    flags = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                flags = line
-                break
-    except OSError:
-        pass
-    return f"{platform.machine()} {flags}".encode()
+    return None

@@ -17,25 +17,48 @@ from torch import Tensor, nn
 
 from superinfer.model.attention import StepMetadata
 from superinfer.model.config import ModelConfig
+from superinfer.model.cpu_norm import norm_kernel
 from superinfer.model.moe import MoE
 from superinfer.model.rotary import RotaryEmbedding, apply_rotary
 from superinfer.model.weights import load_hf_weights
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm scaling by `weight` (Llama) or by `1 + weight` (Gemma: `offset` 1)."""
+    """RMSNorm scaling by `weight` (Llama) or by `1 + weight` (Gemma: `offset` 1). On a CPU
+    the C kernel of `cpu_norm.py` runs it (and the residual add before it) in one call."""
 
     def __init__(self, size: int, eps: float, offset: float = 0.0) -> None:
         super().__init__()
         self.eps, self.offset = eps, offset
         self.weight = nn.Parameter(torch.ones(size))
+        self._kernel_weight: tuple[tuple[int, int], Tensor] | None = None
 
     def forward(self, x: Tensor) -> Tensor:
         """(..., C) -> (..., C), computed in float32 whatever the input dtype."""
+        kernel = norm_kernel() if x.device.type == "cpu" else None
+        if kernel is not None and kernel.takes(x, None):
+            return kernel(x, None, self.kernel_weight(), self.eps)
         if self.offset:
             weight = self.weight.float() + self.offset
             return F.rms_norm(x.float(), weight.shape, weight, self.eps).to(x.dtype)
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+    def add_forward(self, x: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
+        """`residual += x` in place, then the norm of it: (norm, residual)."""
+        kernel = norm_kernel() if x.device.type == "cpu" else None
+        if kernel is not None and kernel.takes(x, residual):
+            return kernel(x, residual, self.kernel_weight(), self.eps), residual
+        residual.add_(x)
+        return self(residual), residual
+
+    def kernel_weight(self) -> Tensor:
+        """`weight + offset` in float32, as the kernel reads it; made again whenever the
+        parameter changes (loading, a dtype cast)."""
+        key = (self.weight.data_ptr(), self.weight._version)
+        if self._kernel_weight is None or self._kernel_weight[0] != key:
+            weight = (self.weight.detach().float() + self.offset).contiguous()
+            self._kernel_weight = (key, weight)
+        return self._kernel_weight[1]
 
 
 class Attention(nn.Module):
@@ -129,11 +152,14 @@ class DecoderLayer(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         """Returns (this layer's MLP output, residual stream before adding it). Adds into
         `residual` in place: it is the stream's own buffer (the embedding output at first)."""
-        residual = x if residual is None else residual.add_(x)  # (T, C)
-        x = self.self_attn(self.input_layernorm(residual), rotations, kv_cache, meta)
+        if residual is None:
+            residual, h = x, self.input_layernorm(x)  # (T, C)
+        else:
+            h, residual = self.input_layernorm.add_forward(x, residual)
+        x = self.self_attn(h, rotations, kv_cache, meta)
         if not self.sandwich:
-            residual.add_(x)
-            return self.mlp(self.post_attention_layernorm(residual)), residual
+            h, residual = self.post_attention_layernorm.add_forward(x, residual)
+            return self.mlp(h), residual
         residual.add_(self.post_attention_layernorm(x))
         x = self.mlp(self.pre_feedforward_layernorm(residual))
         return self.post_feedforward_layernorm(x), residual
@@ -163,7 +189,7 @@ class DecoderModel(nn.Module):
         local = rotation if self.local_rotary is None else self.local_rotary(positions)
         for layer in self.layers:
             x, residual = layer(x, residual, (rotation, local), kv_cache, meta)
-        return self.norm(residual.add_(x))
+        return self.norm.add_forward(x, residual)[0]
 
 
 class DecoderForCausalLM(nn.Module):

@@ -106,3 +106,48 @@ def test_a_failed_build_falls_back(monkeypatch, tmp_path, fresh_lookup):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     monkeypatch.setenv("SUPERINFER_KERNEL_CACHE", str(tmp_path / "cache"))
     assert cpu_attention.decode_kernel() is None
+
+
+def _written(kernel_write: bool, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """A step's K/V rows (views of a fused projection, as the model passes them) written
+    into a cache by the C kernel or by indexed assignment."""
+    from superinfer.model.attention import AttentionMetadata, SeqEntry, write_kv
+
+    gen = torch.Generator().manual_seed(7)
+    num_kv_heads, head_dim = 3, 64
+    cache = torch.zeros(12, NUM_LAYERS, 2, BLOCK_SIZE, num_kv_heads, head_dim, dtype=dtype)
+    entries = [SeqEntry(20, 0, [4, 9]), SeqEntry(1, 37, [1, 2, 11]), SeqEntry(3, 14, [0, 6])]
+    meta = AttentionMetadata.build(entries, BLOCK_SIZE, "cpu")
+    qkv = torch.randn(meta.num_tokens, (9 + 2 * num_kv_heads) * head_dim, generator=gen)
+    sizes = [9 * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim]
+    _, k, v = qkv.to(dtype).split(sizes, -1)
+    k, v = k.view(-1, num_kv_heads, head_dim), v.reshape(-1, num_kv_heads, head_dim)
+    if kernel_write:
+        kernel = decode_kernel()
+        assert kernel.can_write(cache, k, v)
+        kernel.write_kv(cache, LAYER, k, v, meta.slot_blocks, meta.slot_offsets)
+    else:
+        write_kv(cache, LAYER, k, v, meta)
+    return cache, meta
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_write_kv_matches_indexed_assignment(dtype):
+    assert decode_kernel() is not None
+    cache, _ = _written(True, dtype)
+    expected, _ = _written(False, dtype)
+    assert torch.equal(cache, expected)
+    assert cache.abs().sum() > 0
+
+
+def test_write_kv_refuses_a_slot_outside_the_cache():
+    kernel = decode_kernel()
+    assert kernel is not None
+    cache = torch.zeros(2, NUM_LAYERS, 2, BLOCK_SIZE, 1, 8)
+    k = v = torch.ones(1, 1, 8)
+    with pytest.raises(IndexError):
+        kernel.write_kv(cache, 0, k, v, torch.tensor([2]), torch.tensor([0]))
+    with pytest.raises(IndexError):
+        kernel.write_kv(cache, 0, k, v, torch.tensor([0]), torch.tensor([BLOCK_SIZE]))
+    assert cache.abs().sum() == 0
+    assert not kernel.can_write(cache, k.to(torch.bfloat16), v.to(torch.bfloat16))

@@ -1,7 +1,7 @@
 /* Decode attention straight from the paged KV cache, on CPU (one query token per sequence).
  *
- * Built at first use by superinfer/model/cpu_attention.py and called through ctypes with
- * raw pointers. The cache is the engine's one tensor
+ * Built at first use by superinfer/model/cpu_kernels.py and called through ctypes with
+ * raw pointers (superinfer/model/cpu_attention.py). The cache is the engine's one tensor
  *     kv_cache[num_blocks][num_layers][2][block_size][num_kv_heads][head_dim]
  * and each sequence reads only its own blocks, in place: no gathered copy, no padding to
  * the longest sequence of the batch.
@@ -19,23 +19,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.h"
+
 #define MAX_HEAD_DIM 256
 #define MAX_GROUP 16         /* query heads per kv head */
 #define PARTITION_TOKENS 256 /* context tokens per work item */
-
-static inline float bf16_to_float(uint16_t x) {
-    union { uint32_t u; float f; } v;
-    v.u = (uint32_t)x << 16;
-    return v.f;
-}
-
-static inline uint16_t float_to_bf16(float f) {
-    union { uint32_t u; float f; } v;
-    v.f = f;
-    if (isnan(f)) return 0x7FC0;
-    v.u += 0x7FFF + ((v.u >> 16) & 1); /* round to nearest even */
-    return (uint16_t)(v.u >> 16);
-}
 
 /* e^x for x <= 0 (scores minus their max), in a form the compiler vectorizes (libm's expf
  * is a scalar call): 2^(x log2 e) = 2^k * 2^f with k integer and |f| <= 1/2, 2^f from its
