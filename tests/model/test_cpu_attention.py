@@ -40,11 +40,12 @@ def _case(
     return q, cache, tables, torch.tensor(lengths)
 
 
-def _reference(q, cache, tables, lengths) -> torch.Tensor:
+def _reference(q, cache, tables, lengths, starts=None) -> torch.Tensor:
     num_heads, num_kv_heads, head_dim = q.shape[1], cache.shape[-2], cache.shape[-1]
     rows = []
     for seq, n in enumerate(lengths.tolist()):
-        k, v = (cache[tables[seq], LAYER, i].reshape(-1, num_kv_heads, head_dim)[:n]
+        first = 0 if starts is None else int(starts[seq])
+        k, v = (cache[tables[seq], LAYER, i].reshape(-1, num_kv_heads, head_dim)[first:n]
                 .float().transpose(0, 1) for i in (0, 1))  # fmt: skip
         group_q = q[seq].float().view(num_kv_heads, num_heads // num_kv_heads, head_dim)
         rows.append(F.scaled_dot_product_attention(group_q, k, v).reshape(num_heads, head_dim))
@@ -53,12 +54,14 @@ def _reference(q, cache, tables, lengths) -> torch.Tensor:
 
 @pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
 @pytest.mark.parametrize("heads", [(9, 3), (4, 4), (8, 1)])
-def test_matches_dense_attention(dtype, tolerance, heads):
+# bfloat16 with a multiple of 32 takes the AVX-512 BF16 loops where the CPU has them
+@pytest.mark.parametrize("head_dim", [64, 128, 96, 80])
+def test_matches_dense_attention(dtype, tolerance, heads, head_dim):
     kernel = decode_kernel()
     assert kernel is not None, "a compiler is here, so the kernel must build"
     # one token, block edges, several 256-token partitions, and a batch of mixed lengths
     lengths = [1, 15, 16, 17, 256, 257, 1000, 3]
-    q, cache, tables, seq_lens = _case(lengths, *heads, head_dim=64, dtype=dtype)
+    q, cache, tables, seq_lens = _case(lengths, *heads, head_dim=head_dim, dtype=dtype)
     assert kernel.supports(cache, heads[0])
     out = kernel(q, cache, LAYER, tables, seq_lens)
     expected = _reference(q, cache, tables, seq_lens)
@@ -66,10 +69,23 @@ def test_matches_dense_attention(dtype, tolerance, heads):
     torch.testing.assert_close(out.float(), expected, rtol=tolerance, atol=tolerance)
 
 
-def test_reads_only_its_own_layer_and_blocks():
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+def test_a_window_reads_from_each_key_start(dtype, tolerance):
     kernel = decode_kernel()
     assert kernel is not None
-    q, cache, tables, seq_lens = _case([40, 70], 9, 3, 64, torch.float32)
+    lengths = [40, 300, 700, 5]
+    q, cache, tables, seq_lens = _case(lengths, 9, 3, 64, dtype)
+    starts = torch.tensor([7, 45, 100, 0])  # not on block or 16-token edges
+    out = kernel(q, cache, LAYER, tables, seq_lens, key_starts=starts)
+    expected = _reference(q, cache, tables, seq_lens, starts)
+    torch.testing.assert_close(out.float(), expected, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reads_only_its_own_layer_and_blocks(dtype):
+    kernel = decode_kernel()
+    assert kernel is not None
+    q, cache, tables, seq_lens = _case([40, 70], 9, 3, 64, dtype)
     before = kernel(q, cache, LAYER, tables, seq_lens)
     used = set(tables.flatten().tolist())
     unused = [b for b in range(cache.shape[0]) if b not in used]

@@ -9,6 +9,9 @@
  * Work is split flash-decoding style into (sequence, kv head, partition of the context)
  * items, so a single long sequence still keeps every core busy; each item keeps a running
  * max, sum and weighted V per query head, and a second pass merges the partitions.
+ * A bfloat16 cache whose head size is a multiple of 32 takes AVX-512 BF16 dot products
+ * where the compiler targets a CPU that has them (attend_partition_bf16): 1.7x faster at
+ * 32 sequences of 100-600 tokens than converting every row to float.
  * OpenMP is the one torch is linked with (same libgomp), so both share one thread team.
  *
  * Compiled without -ffast-math on purpose: in a shared library it can switch the whole
@@ -121,6 +124,133 @@ static void attend_partition(
         memcpy(part_acc + (int64_t)g * head_dim, acc[g], (size_t)head_dim * sizeof(float));
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
+#include <immintrin.h>
+#define HAVE_AVX512_BF16 1
+
+/* Lane i of the result: the sum of the 16 lanes of v[i] (a transpose and add in 45
+ * instructions, where 16 separate horizontal sums take about 130). */
+static inline __m512 sum_lanes16(const __m512 v[16]) {
+    __m512 t[8], u[4];
+    for (int i = 0; i < 8; i++) /* per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3] */
+        t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int j = 0; j < 4; j++) { /* per 128-bit lane: the lane's sums of 4 vectors */
+        __m512d a = _mm512_castps_pd(t[2 * j]), b = _mm512_castps_pd(t[2 * j + 1]);
+        u[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+    }
+    /* add the four 128-bit lanes: u[j]'s totals end in lane j */
+    __m512 a = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x44),
+                             _mm512_shuffle_f32x4(u[0], u[1], 0xEE));
+    __m512 b = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x44),
+                             _mm512_shuffle_f32x4(u[2], u[3], 0xEE));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD));
+}
+
+static inline __m512bh load_bf16x32(const uint16_t *p) {
+    return (__m512bh)_mm512_loadu_si512((const void *)p);
+}
+
+/* attend_partition for a bfloat16 cache and head_dim a multiple of 32, with AVX-512 BF16
+ * dot products (vdpbf16ps: pairs of bfloat16 products added in float32) instead of
+ * converting every K and V row to float:
+ * - q.k for 16 tokens at a time, their 16 horizontal sums done together;
+ * - p.V two tokens at a time: their V rows interleaved into (v_t, v_t+1) pairs and the
+ *   weights rounded to bfloat16 pairs (p_t, p_t+1), as FlashAttention rounds P before
+ *   its PV product. The interleave permutes the dims inside each 32; undone at the end. */
+static void attend_partition_bf16(
+    const uint16_t *q, const uint16_t *cache, const int64_t *block_table, int64_t block_stride,
+    int64_t layer_offset, int64_t v_offset, int block_size, int num_heads, int num_kv_heads,
+    int head_dim, float scale, int seq, int kv_head, int begin, int end, float *part_max,
+    float *part_sum, float *part_acc) {
+    const int group = num_heads / num_kv_heads, num_chunks = head_dim / 32, n = end - begin;
+    const int64_t token_stride = (int64_t)num_kv_heads * head_dim;
+    const int64_t head_offset = layer_offset + (int64_t)kv_head * head_dim;
+    const uint16_t *qh = q + ((int64_t)seq * num_heads + (int64_t)kv_head * group) * head_dim;
+    float scores[MAX_GROUP][PARTITION_TOKENS];
+    for (int t0 = 0; t0 < n; t0 += 16) {
+        const int m = n - t0 < 16 ? n - t0 : 16;
+        const uint16_t *rows[16];
+        for (int i = 0; i < m; i++) {
+            const int t = begin + t0 + i;
+            rows[i] = cache + block_table[t / block_size] * block_stride + head_offset +
+                      (int64_t)(t % block_size) * token_stride;
+            if (t % block_size == 0 && t + block_size < end)
+                prefetch_rows(cache, block_table[t / block_size + 1] * block_stride + head_offset,
+                              1, block_size, token_stride, head_dim);
+        }
+        for (int g = 0; g < group; g++) {
+            __m512 acc[16];
+            for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+            for (int c = 0; c < num_chunks; c++) {
+                const __m512bh qc = load_bf16x32(qh + (int64_t)g * head_dim + 32 * c);
+                for (int i = 0; i < m; i++)
+                    acc[i] = _mm512_dpbf16_ps(acc[i], qc, load_bf16x32(rows[i] + 32 * c));
+            }
+            _mm512_mask_storeu_ps(&scores[g][t0], (__mmask16)((1u << m) - 1),
+                                  _mm512_mul_ps(sum_lanes16(acc), _mm512_set1_ps(scale)));
+        }
+    }
+    for (int g = 0; g < group; g++) {
+        __m512 top = _mm512_set1_ps(-INFINITY);
+        for (int i = 0; i < n; i += 16)
+            top = _mm512_mask_max_ps(top, (__mmask16)(n - i >= 16 ? 0xFFFF : (1u << (n - i)) - 1),
+                                     top, _mm512_loadu_ps(&scores[g][i]));
+        const float m = _mm512_reduce_max_ps(top);
+        float s = 0.f;
+        for (int i = 0; i < n; i++) scores[g][i] = exp_nonpositive(scores[g][i] - m);
+        for (int i = 0; i < n; i++) s += scores[g][i];
+        part_max[g] = m;
+        part_sum[g] = s;
+    }
+    __m512 acc[MAX_GROUP][MAX_HEAD_DIM / 16]; /* per 32 dims: the low, then the high pairs */
+    for (int g = 0; g < group; g++)
+        for (int c = 0; c < 2 * num_chunks; c++) acc[g][c] = _mm512_setzero_ps();
+    static const uint16_t zeros[MAX_HEAD_DIM]; /* the V row after an odd last token */
+    for (int t0 = 0; t0 < n; t0 += 2) {
+        const uint16_t *rows[2];
+        for (int i = 0; i < 2; i++) {
+            const int t = begin + t0 + i;
+            rows[i] = t0 + i >= n ? zeros
+                                  : cache + block_table[t / block_size] * block_stride +
+                                        head_offset + v_offset +
+                                        (int64_t)(t % block_size) * token_stride;
+            if (t0 + i < n && t % block_size == 0 && t + block_size < end)
+                prefetch_rows(cache, block_table[t / block_size + 1] * block_stride +
+                              head_offset + v_offset, 1, block_size, token_stride, head_dim);
+        }
+        __m512i lo[MAX_HEAD_DIM / 32], hi[MAX_HEAD_DIM / 32];
+        for (int c = 0; c < num_chunks; c++) {
+            const __m512i a = _mm512_loadu_si512((const void *)(rows[0] + 32 * c));
+            const __m512i b = _mm512_loadu_si512((const void *)(rows[1] + 32 * c));
+            lo[c] = _mm512_unpacklo_epi16(a, b);
+            hi[c] = _mm512_unpackhi_epi16(a, b);
+        }
+        for (int g = 0; g < group; g++) {
+            const float p1 = t0 + 1 < n ? scores[g][t0 + 1] : 0.f;
+            const uint32_t pair = float_to_bf16(scores[g][t0]) | (uint32_t)float_to_bf16(p1) << 16;
+            const __m512bh pp = (__m512bh)_mm512_set1_epi32((int)pair);
+            for (int c = 0; c < num_chunks; c++) {
+                acc[g][2 * c] = _mm512_dpbf16_ps(acc[g][2 * c], (__m512bh)lo[c], pp);
+                acc[g][2 * c + 1] = _mm512_dpbf16_ps(acc[g][2 * c + 1], (__m512bh)hi[c], pp);
+            }
+        }
+    }
+    /* lane 4L+k of the low sums is dim 8L+k of its 32; of the high sums, dim 8L+4+k */
+    const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i second =
+        _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    for (int g = 0; g < group; g++)
+        for (int c = 0; c < num_chunks; c++) {
+            float *out = part_acc + (int64_t)g * head_dim + 32 * c;
+            _mm512_storeu_ps(out, _mm512_permutex2var_ps(acc[g][2 * c], first, acc[g][2 * c + 1]));
+            _mm512_storeu_ps(out + 16,
+                             _mm512_permutex2var_ps(acc[g][2 * c], second, acc[g][2 * c + 1]));
+        }
+}
+#endif
+
 /* out[s][h][:] = softmax(q[s][h] . K_s^T * scale) V_s for every sequence s of the batch.
  * q, out: (num_seqs, num_heads, head_dim) contiguous, same dtype as the cache.
  * block_tables: (num_seqs, max_blocks) int64; seq_lens: (num_seqs,) int64, each >= 1.
@@ -174,10 +304,18 @@ int paged_decode_attention(
         }
         float maxes[MAX_GROUP], sums[MAX_GROUP];
         float accs[MAX_GROUP * MAX_HEAD_DIM];
-        attend_partition(q, kv_cache, is_bf16, block_tables + (int64_t)seq * max_blocks,
-                         block_stride, layer_offset, v_offset, block_size, num_heads,
-                         num_kv_heads, head_dim, scale, seq, kv_head, begin, end, maxes, sums,
-                         accs);
+#ifdef HAVE_AVX512_BF16
+        if (is_bf16 && head_dim % 32 == 0)
+            attend_partition_bf16(q, kv_cache, block_tables + (int64_t)seq * max_blocks,
+                                  block_stride, layer_offset, v_offset, block_size, num_heads,
+                                  num_kv_heads, head_dim, scale, seq, kv_head, begin, end, maxes,
+                                  sums, accs);
+        else
+#endif
+            attend_partition(q, kv_cache, is_bf16, block_tables + (int64_t)seq * max_blocks,
+                             block_stride, layer_offset, v_offset, block_size, num_heads,
+                             num_kv_heads, head_dim, scale, seq, kv_head, begin, end, maxes,
+                             sums, accs);
         for (int g = 0; g < group; g++) {
             int64_t at = slot + (int64_t)g * max_parts + part;
             part_max[at] = maxes[g];
