@@ -347,14 +347,6 @@ class AsyncEngine:
         started = self._step_started
         return 0.0 if started is None else max(0.0, self.engine.clock() - started)
 
-    def shape_in_flight(self) -> BatchShape | None:
-        """The shape of the batch the step now running computes; None between steps and
-        before the step has scheduled its batch."""
-        if self._step_started is None:
-            return None
-        batch = self.engine.batch_in_flight()
-        return None if batch is None else BatchShape.of(batch)
-
     def _step(self) -> None:
         self._last_step = None
         self._step_started = self.engine.clock()

@@ -133,14 +133,9 @@ class _TimedRunner(StepBackend):
         self.blocked_s = 0.0
         self.launched: _Forward | None = None  # the forward this step ran or launched
         self.ended: _Forward | None = None  # the forward whose result this step took
-        # the batch being computed for this step, set before its forward starts (read from
-        # other threads as a hint: a reference, replaced, never changed)
-        self.in_flight: SchedulerOutput | None = None
 
     def execute(self, output: SchedulerOutput) -> tuple[ModelOutput, float]:
         start = time.perf_counter()
-        if not output.is_empty:
-            self.in_flight = output
         model_output = self._kept(self.runner.execute(output))
         if not output.is_empty:
             self.launched = self.ended = _Forward(output, start, time.perf_counter())
@@ -149,8 +144,6 @@ class _TimedRunner(StepBackend):
 
     def launch(self, output: SchedulerOutput) -> tuple[Future[ModelOutput], _Forward | None]:
         start = time.perf_counter()
-        if not output.is_empty:
-            self.in_flight = output
         future = self.runner.launch(output)
         forward = None
         if not output.is_empty:  # its end is stamped on the runner's thread
@@ -405,11 +398,6 @@ class LLMEngine:
             self.step_model.observe(BatchShape.of(record.forward.batch), wall_s)
         for observer in tuple(self._step_observers):
             observer(record)
-
-    def batch_in_flight(self) -> SchedulerOutput | None:
-        """The batch the step now running computes (set before its forward starts; None
-        until then in a step). Safe to read from another thread, as a hint."""
-        return self._timed.in_flight
 
     def add_step_observer(self, observer: StepObserver) -> Callable[[], None]:
         """Call `observer(record)` after every step (on the engine's thread); returns the

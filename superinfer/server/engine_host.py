@@ -28,7 +28,7 @@ from superinfer.server.log_limit import RateLimitedLog
 from superinfer.server.prepare import PreparedRequest
 from superinfer.server.prometheus import ServerMetrics
 from superinfer.server.warmup import warm_up
-from superinfer.slo.estimate import Correction, FirstTokenEstimate, TokenRate, step_s_of
+from superinfer.slo.estimate import Correction, FirstTokenEstimate, TokenRate
 from superinfer.slo.metrics import ABORTED, FINISHED, RequestRecord, SLOReport, slo_report, tbt_gaps
 from superinfer.slo.record_log import SLOLog, log_line
 
@@ -179,24 +179,8 @@ class EngineHost:
             decode_step_s=snapshot.decode_step_s if is_busy else self.warmup_step_time_s,
             now=time.monotonic(), num_device_blocks=snapshot.num_device_blocks,
             decode_row_s=snapshot.decode_row_s,
-            step_left_s=self._step_left_s(snapshot, step_time) if is_busy else 0.0,
+            step_left_s=max(0.0, step_time - self.engine.step_in_flight_s()) if is_busy else 0.0,
         )  # fmt: skip
-
-    def _step_left_s(self, snapshot: EngineSnapshot, step_time_s: float) -> float:
-        """Until the step in flight ends: its predicted time from its batch's shape (a
-        512-token prompt chunk runs several times the recent average step), less what it
-        has run; the recent step time where the batch is not known yet."""
-        assert self.engine is not None
-        elapsed = self.engine.step_in_flight_s()
-        shape = self.engine.shape_in_flight()
-        if shape is None:
-            return max(0.0, step_time_s - elapsed)
-        predicted = step_s_of(
-            shape, snapshot.decode_step_s or step_time_s,
-            snapshot.prefill_s_per_token or self.warmup_prefill_s_per_token,
-            snapshot.prefill_s_per_pair,
-        )  # fmt: skip
-        return max(0.0, predicted - elapsed)
 
     def admit(
         self, prepared: PreparedRequest, arrival: Arrival, expected_tokens: int

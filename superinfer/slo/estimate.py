@@ -485,19 +485,6 @@ class PrefillCost:
         self.observe(shape.num_prefill_tokens, shape.num_prefill_pairs, step_s - decode_s)
 
 
-def step_s_of(
-    shape: BatchShape,
-    decode_step_s: float,
-    prefill_s_per_token: float,
-    prefill_s_per_pair: float = 0.0,
-) -> float:
-    """A step's predicted time from its shape: a decode step's when it carries decodes,
-    and what its prompt tokens and attention pairs cost beyond that (`PrefillCost`)."""
-    decode_s = decode_step_s if shape.num_decode_tokens or not shape.num_prefill_tokens else 0.0
-    return (decode_s + shape.num_prefill_tokens * prefill_s_per_token
-            + shape.num_prefill_pairs * prefill_s_per_pair)  # fmt: skip
-
-
 def _fit_two(samples: Sequence[tuple[float, float, float]]) -> tuple[float, float]:
     """(a, b) >= 0 minimizing the sum of (a x + b y - t)^2 over (x, y, t)."""
     sxx = sum(x * x for x, _, _ in samples)
@@ -519,13 +506,10 @@ class Correction:
     """Learned ratios of measured to estimated TTFT, per class.
 
     `factor(cls)` is the `quantile` of the last `window` ratios of that class (the pooled
-    ratios of all classes until it has `min_samples`), clamped to [`low`, `high`]. Before
-    the pooled ratios number `min_samples`, it is the largest ratio seen so far, clamped to
-    [1, `early_high`] (1 before any): a machine slower than its warm-up said shows in the
-    first requests, and half of all admitted misses came in a run's first 10 s when the
-    correction waited for 20 samples at 1; a few ratios below 1 never lower an estimate.
-    Estimates below `floor_s` are compared as `floor_s`: a near-idle engine's few
-    milliseconds of estimate say little about its error, and must not blow the ratio up.
+    ratios of all classes until it has `min_samples`, 1 until those have), clamped to
+    [`low`, `high`]. Estimates below `floor_s` are
+    compared as `floor_s`: a near-idle engine's few milliseconds of estimate say little
+    about its error, and must not blow the ratio up.
     """
 
     def __init__(
@@ -536,12 +520,11 @@ class Correction:
         floor_s: float = 0.1,
         low: float = 0.5,
         high: float = 10.0,
-        early_high: float = 2.0,
     ) -> None:
         if not 0 < quantile < 1:
             raise ValueError(f"quantile must lie in (0, 1), got {quantile}")
         self.quantile, self.window, self.min_samples = quantile, window, min_samples
-        self.floor_s, self.low, self.high, self.early_high = floor_s, low, high, early_high
+        self.floor_s, self.low, self.high = floor_s, low, high
         self._ratios: dict[object, deque[float]] = {}
         self._factors: dict[object, float] = {}
 
@@ -557,8 +540,6 @@ class Correction:
                 ordered = sorted(ratios)
                 value = ordered[min(len(ordered) - 1, int(self.quantile * len(ordered)))]
                 self._factors[key] = min(self.high, max(self.low, value))
-            elif key is _POOLED:  # too few for a quantile: the worst so far, within bounds
-                self._factors[key] = min(self.early_high, max(1.0, max(ratios)))
 
     def factor(self, slo_class: str | None) -> float:
         """The class's learned factor; the pooled one of all classes while the class has
@@ -566,9 +547,9 @@ class Correction:
         return self._factors.get(slo_class, self._factors.get(_POOLED, 1.0))
 
     def corrected_s(self, slo_class: str | None, raw_s: float) -> float:
-        """The TTFT to expect for a raw estimate of `raw_s`: the learned factor times the
-        estimate taken at the floor, as the ratios were; `raw_s` itself before any
-        sample."""
+        """The TTFT to expect for a raw estimate of `raw_s`: the learned quantile ratio
+        times the estimate taken at the floor, as the ratios were; `raw_s` itself until
+        the class has enough samples."""
         if slo_class not in self._factors and _POOLED not in self._factors:
             return raw_s
         return self.factor(slo_class) * max(raw_s, self.floor_s)

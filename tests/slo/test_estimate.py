@@ -20,7 +20,6 @@ from superinfer.slo.estimate import (
     Queued,
     ReleaseRate,
     TokenRate,
-    step_s_of,
 )
 from tests.factories import make_request, make_scheduler
 
@@ -109,17 +108,6 @@ def test_the_rest_of_the_step_in_flight_comes_first():
     alone = ESTIMATOR.first_token(base(), 100, None, 5.0).compute_s
     busy = ESTIMATOR.first_token(base(step_left_s=0.3), 100, None, 5.0).compute_s
     assert busy == pytest.approx(alone + 0.3)
-
-
-def test_a_step_is_priced_by_its_shape():
-    decodes = BatchShape(num_seqs=4, num_decode_tokens=4)
-    chunk = BatchShape(num_seqs=2, num_prefill_tokens=512, num_decode_tokens=1,
-                       num_prefill_pairs=512 * 513 / 2)  # fmt: skip
-    prompt_alone = BatchShape(num_seqs=1, num_prefill_tokens=100)
-    assert step_s_of(decodes, 0.05, 1e-3) == pytest.approx(0.05)
-    # a 512-token chunk runs several times a decode step: what the rest of it must count
-    assert step_s_of(chunk, 0.05, 1e-3, 1e-7) == pytest.approx(0.05 + 0.512 + 512 * 513 / 2e7)
-    assert step_s_of(prompt_alone, 0.05, 1e-3) == pytest.approx(0.1)
 
 
 def test_attention_pairs_price_a_long_prompt_above_its_tokens():
@@ -241,24 +229,6 @@ def test_correction_converges_to_a_high_quantile_of_a_biased_clock():
     for _ in range(20):
         correction.observe("bronze", 1.0, 0.6)
     assert correction.factor("bronze") == pytest.approx(0.6)
-
-
-def test_before_enough_samples_the_worst_ratio_so_far_counts_within_bounds():
-    correction = Correction(min_samples=20, early_high=2.0)
-    assert correction.factor("gold") == 1.0
-    correction.observe("bronze", 1.0, 0.5)  # faster than estimated: no lower estimate yet
-    assert correction.factor("gold") == 1.0
-    correction.observe("bronze", 1.0, 1.3)  # the first late one raises every class's
-    assert correction.factor("gold") == correction.factor("bronze") == pytest.approx(1.3)
-    assert correction.corrected_s("gold", 0.5) == pytest.approx(0.65)
-    correction.observe("silver", 0.2, 3.0)  # a 15x outlier moves it to the bound only
-    assert correction.factor("gold") == 2.0
-    for _ in range(17):  # 20 pooled samples: the quantile from here, which may be below 1
-        correction.observe("bronze", 1.0, 0.7)
-    assert correction.factor("gold") == pytest.approx(1.3)
-    for _ in range(200):
-        correction.observe("bronze", 1.0, 0.7)
-    assert correction.factor("gold") == pytest.approx(0.7)
 
 
 def test_tiny_estimates_are_compared_at_the_floor():
