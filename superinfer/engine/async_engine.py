@@ -376,10 +376,10 @@ class AsyncEngine:
         if outputs:
             self._deliver([(o.request_id, o) for o in outputs])
 
-    def learn_prefill_cost(self, prior_s_per_token: float, prior_s_per_pair: float = 0.0) -> None:
+    def learn_prefill_cost(self, prior_s_per_token: float) -> None:
         """Start learning prefill's cost from served steps, from the warm-up's measure
         (call before serving: the engine thread reads it at every step)."""
-        self._prefill_cost = PrefillCost(prior_s_per_token, prior_s_per_pair=prior_s_per_pair)
+        self._prefill_cost = PrefillCost(prior_s_per_token)
 
     def _count_tokens(self, outputs: list[RequestOutput]) -> None:
         """Tokens generated, and the prompt tokens computed for each first token."""

@@ -20,14 +20,13 @@ from dataclasses import dataclass
 from superinfer.engine.llm_engine import LLMEngine
 from superinfer.engine.snapshot import StepRecord
 from superinfer.sampling_params import SamplingParams
-from superinfer.slo.estimate import fit_prefill_cost
 
 logger = logging.getLogger(__name__)
 
 _NUM_TOKENS = 8
 _ROTATE_AFTER = 3  # output tokens before the forced rotation
 _MAX_STEPS = 10_000
-_TIMING_PROMPT_TOKENS = 512  # the longer of the two timed prompts (the default step budget)
+_TIMING_PROMPT_TOKENS = 256
 _GRID_BATCH_SIZES = (4, 16)  # sequences decoding together in the timing grid
 _GRID_PROMPT_TOKENS = 20
 
@@ -41,7 +40,6 @@ class WarmupReport:
     prefill_s_per_token: float
     step_time_s: float
     seconds: float
-    prefill_s_per_pair: float = 0.0  # per attention (query, key) pair (0: not told apart)
 
 
 def warm_up(engine: LLMEngine) -> WarmupReport:
@@ -55,9 +53,8 @@ def warm_up(engine: LLMEngine) -> WarmupReport:
     rotated, _ = _generate(engine, "superinfer-warmup-rotated", prompt, rotate_after=_ROTATE_AFTER)
     if rotated != plain:
         raise WarmupError(f"tokens changed across a KV rotation: {plain} vs {rotated}")
-    logger.info("Warm-up 3/3: timing two whole-prompt prefills")
-    # after the first forwards warmed the kernels
-    prefill_s_per_token, prefill_s_per_pair = _time_prefills(engine)
+    logger.info("Warm-up 3/3: timing a whole-prompt prefill")
+    prefill_s_per_token = _time_prefill(engine)  # after the first forwards warmed the kernels
     if engine.config.scheduler.tbt_shaped_steps:
         for num_seqs in _grid_batch_sizes(engine):
             _time_batch(engine, num_seqs)
@@ -66,10 +63,9 @@ def warm_up(engine: LLMEngine) -> WarmupReport:
             f"{k} {v:.3g}" for k, v in fit.items() if isinstance(v, float)))  # fmt: skip
     _check_clean(engine)
     seconds = time.perf_counter() - start
-    logger.info("Warm-up done in %.1f s: prefill %.2f ms/token + %.3f us/attention pair, "
-                "decode step %.1f ms", seconds, prefill_s_per_token * 1e3,
-                prefill_s_per_pair * 1e6, step_time_s * 1e3)  # fmt: skip
-    return WarmupReport(prefill_s_per_token, step_time_s, seconds, prefill_s_per_pair)
+    logger.info("Warm-up done in %.1f s: prefill %.2f ms/token, decode step %.1f ms",
+                seconds, prefill_s_per_token * 1e3, step_time_s * 1e3)  # fmt: skip
+    return WarmupReport(prefill_s_per_token, step_time_s, seconds)
 
 
 def _prompt_ids(engine: LLMEngine, num_tokens: int) -> list[int]:
@@ -82,32 +78,17 @@ def _greedy(max_tokens: int) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
 
 
-def _time_prefills(engine: LLMEngine) -> tuple[float, float]:
-    """Prefill's cost as served steps learn it (`PrefillCost`), from two whole-prompt
-    prefill steps of different lengths: seconds per prompt token and per attention pair.
-    A long prompt's attention grows with the square of its length; priced per token
-    alone from a short one, the first long prompts of a run were admitted and late.
-    Where the engine's limits allow a single length, per token only."""
+def _time_prefill(engine: LLMEngine) -> float:
+    """Seconds per prompt token of one whole-prompt prefill step."""
     scheduler_config = engine.config.scheduler
-    longest = min(_TIMING_PROMPT_TOKENS, scheduler_config.max_num_batched_tokens,
-                  scheduler_config.max_model_len - 2)  # fmt: skip
-    lengths = sorted({max(1, longest // 4), longest})
-    samples = [(float(n), n * (n + 1) / 2, _time_prefill(engine, n)) for n in lengths]
-    if len(samples) == 1:
-        return samples[0][2] / samples[0][0], 0.0
-    return fit_prefill_cost(samples)
-
-
-def _time_prefill(engine: LLMEngine, num_tokens: int) -> float:
-    """Seconds of one whole-prompt prefill step of `num_tokens` tokens."""
-    # a distinct prompt, so the prefix cache of the runs before cannot shorten it
-    vocab = engine.model_config.vocab_size
-    prompt = [(t + num_tokens) % vocab for t in reversed(_prompt_ids(engine, num_tokens))]
-    request_id = f"superinfer-warmup-prefill-{num_tokens}"
-    engine.add_request({"prompt_token_ids": prompt}, _greedy(1), request_id)
+    num_tokens = min(_TIMING_PROMPT_TOKENS, scheduler_config.max_num_batched_tokens,
+                     scheduler_config.max_model_len - 2)  # fmt: skip
+    # a distinct prompt, so the prefix cache of the runs below cannot shorten it
+    prompt = list(reversed(_prompt_ids(engine, num_tokens)))
+    engine.add_request({"prompt_token_ids": prompt}, _greedy(1), "superinfer-warmup-prefill")
     start = time.perf_counter()
-    _run_until_done(engine, request_id)
-    return time.perf_counter() - start
+    _run_until_done(engine, "superinfer-warmup-prefill")
+    return (time.perf_counter() - start) / len(prompt)
 
 
 def _grid_batch_sizes(engine: LLMEngine) -> list[int]:

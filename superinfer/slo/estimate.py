@@ -455,7 +455,7 @@ class PrefillCost:
     prompt token and per attention (query, key) pair, the least-squares fit (no intercept,
     neither negative) of the last `window` steps that carried at least `min_tokens` prompt
     tokens, each step's time less a decode step's. Until `min_samples` such steps, the
-    warm-up's `prior_s_per_token` and `prior_s_per_pair` (two prompts on an idle engine).
+    warm-up's `prior_s_per_token` (an idle engine's whole prompt; pairs not priced apart).
 
     Served steps share the machine with the HTTP front, tokenization and the clients, and
     carry decodes and long prompts' later chunks: an idle warm-up's one prompt says less
@@ -463,11 +463,11 @@ class PrefillCost:
     """
 
     def __init__(self, prior_s_per_token: float = 0.0, window: int = 128, min_samples: int = 8,
-                 min_tokens: int = 32, prior_s_per_pair: float = 0.0) -> None:  # fmt: skip
+                 min_tokens: int = 32) -> None:  # fmt: skip
         self.prior_s_per_token = prior_s_per_token
         self.min_samples, self.min_tokens = min_samples, min_tokens
         self._samples: deque[tuple[float, float, float]] = deque(maxlen=window)
-        self.per_token_s, self.per_pair_s = prior_s_per_token, prior_s_per_pair
+        self.per_token_s, self.per_pair_s = prior_s_per_token, 0.0
 
     def observe(self, num_tokens: int, num_pairs: float, excess_s: float) -> None:
         """One served step with `num_tokens` prompt tokens making `num_pairs` attention
@@ -476,7 +476,7 @@ class PrefillCost:
             return
         self._samples.append((float(num_tokens), float(num_pairs), max(0.0, excess_s)))
         if len(self._samples) >= self.min_samples:
-            self.per_token_s, self.per_pair_s = fit_prefill_cost(self._samples)
+            self.per_token_s, self.per_pair_s = _fit_two(self._samples)
 
     def observe_step(self, shape: BatchShape, step_s: float, decode_step_s: float) -> None:
         """One served step of `shape` that took `step_s`; `decode_step_s` is the recent
@@ -485,9 +485,8 @@ class PrefillCost:
         self.observe(shape.num_prefill_tokens, shape.num_prefill_pairs, step_s - decode_s)
 
 
-def fit_prefill_cost(samples: Sequence[tuple[float, float, float]]) -> tuple[float, float]:
-    """(a, b) >= 0 minimizing the sum of (a x + b y - t)^2 over (x, y, t): seconds per
-    prompt token and per attention pair from (tokens, pairs, seconds) of prefill steps."""
+def _fit_two(samples: Sequence[tuple[float, float, float]]) -> tuple[float, float]:
+    """(a, b) >= 0 minimizing the sum of (a x + b y - t)^2 over (x, y, t)."""
     sxx = sum(x * x for x, _, _ in samples)
     syy = sum(y * y for _, y, _ in samples)
     sxy = sum(x * y for x, y, _ in samples)

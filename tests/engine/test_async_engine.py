@@ -73,15 +73,12 @@ def test_the_snapshot_publishes_prefill_cost_learned_from_served_steps():
                 prompt = [(7 * i + j) % 500 + 10 for j in range(64)]
                 async for _ in engine.add_request(f"r{i}", prompt, params, arrival_time=0.0):
                     pass
-            snapshot = engine.snapshot
-            # the cost of one 64-token prompt: every sample has the same shape, so the fit
-            # may put it on the tokens or on the attention pairs
-            return 64 * snapshot.prefill_s_per_token + 64 * 65 / 2 * snapshot.prefill_s_per_pair
+            return engine.snapshot.prefill_s_per_token
         finally:
             await engine.shutdown()
 
     learned = asyncio.run(run())
-    assert learned > 64e-6  # a 135M model's prefill costs at least a microsecond a token
+    assert learned > 1e-6  # a 135M model's prefill costs at least a microsecond a token
 
 
 def test_a_request_taken_in_stays_queued_for_admission_until_a_snapshot_has_it():

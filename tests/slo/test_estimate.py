@@ -20,7 +20,6 @@ from superinfer.slo.estimate import (
     Queued,
     ReleaseRate,
     TokenRate,
-    fit_prefill_cost,
 )
 from tests.factories import make_request, make_scheduler
 
@@ -109,15 +108,6 @@ def test_the_rest_of_the_step_in_flight_comes_first():
     alone = ESTIMATOR.first_token(base(), 100, None, 5.0).compute_s
     busy = ESTIMATOR.first_token(base(step_left_s=0.3), 100, None, 5.0).compute_s
     assert busy == pytest.approx(alone + 0.3)
-
-
-def test_two_prompt_lengths_tell_tokens_from_pairs_and_prime_the_cost():
-    # the warm-up's two prefills: 128 and 512 tokens at 0.4 ms a token + 0.8 us a pair
-    samples = [(float(n), n * (n + 1) / 2, n * 4e-4 + n * (n + 1) / 2 * 8e-7) for n in (128, 512)]
-    per_token, per_pair = fit_prefill_cost(samples)
-    assert (per_token, per_pair) == (pytest.approx(4e-4), pytest.approx(8e-7))
-    cost = PrefillCost(per_token, prior_s_per_pair=per_pair)  # before served steps teach it
-    assert (cost.per_token_s, cost.per_pair_s) == (per_token, per_pair)
 
 
 def test_attention_pairs_price_a_long_prompt_above_its_tokens():
