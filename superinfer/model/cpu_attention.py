@@ -15,16 +15,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
 import math
-import subprocess
 
 import torch
 from torch import Tensor
 
-from superinfer.model.cpu_kernels import KernelsDisabled, load_library
-
-logger = logging.getLogger(__name__)
+from superinfer.model.cpu_kernels import load_kernel
 
 MAX_HEAD_DIM, MAX_GROUP = 256, 16  # as in the source
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
@@ -82,8 +78,8 @@ class PagedDecodeKernel:
         out = torch.empty_like(q)
         status = self._fn(
             q.data_ptr(), kv_cache.data_ptr(), out.data_ptr(), _DTYPES[kv_cache.dtype],
-            block_tables.data_ptr(), seq_lens.data_ptr(), starts_ptr, num_seqs, block_tables.shape[1], num_layers, layer, block_size, num_heads,
-            num_kv_heads, head_dim, scale or 1.0 / math.sqrt(head_dim), torch.get_num_threads(),
+            block_tables.data_ptr(), seq_lens.data_ptr(), starts_ptr, num_seqs,
+            block_tables.shape[1], num_layers, layer, block_size, num_heads, num_kv_heads, head_dim, scale or 1.0 / math.sqrt(head_dim), torch.get_num_threads(),
         )  # fmt: skip
         if status != 0:
             raise RuntimeError(f"paged_decode_attention failed with status {status}")
@@ -131,10 +127,4 @@ class PagedDecodeKernel:
 @functools.cache
 def decode_kernel() -> PagedDecodeKernel | None:
     """The compiled kernel, or None where it cannot be built here (logged once)."""
-    try:
-        return PagedDecodeKernel(load_library())
-    except KernelsDisabled as reason:
-        logger.info("CPU attention kernel off: %s", reason)
-    except (OSError, RuntimeError, subprocess.SubprocessError) as error:
-        logger.warning("CPU attention kernel unavailable, gathering K/V instead: %s", error)
-    return None
+    return load_kernel(PagedDecodeKernel, "attention", "gathering K/V instead")

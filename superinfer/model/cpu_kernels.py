@@ -18,9 +18,12 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 SOURCE_DIR = Path(__file__).with_name("csrc")
 # vectorize the float reductions without -ffast-math (see paged_decode.c's header)
@@ -38,6 +41,18 @@ def load_library() -> ctypes.CDLL:
     if os.environ.get("SUPERINFER_CPU_KERNELS", "1") == "0":
         raise KernelsDisabled("disabled by SUPERINFER_CPU_KERNELS=0")
     return ctypes.CDLL(str(_build()))
+
+
+def load_kernel(wrap: Callable[[ctypes.CDLL], T], what: str, instead: str) -> T | None:
+    """`wrap(library)`, or None where the library cannot be had here, with the reason
+    logged (`what` names the kernel, `instead` the PyTorch path used in its place)."""
+    try:
+        return wrap(load_library())
+    except KernelsDisabled as reason:
+        logger.info("CPU %s kernel off: %s", what, reason)
+    except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+        logger.warning("CPU %s kernel unavailable, %s: %s", what, instead, error)
+    return None
 
 
 def _build() -> Path:

@@ -10,15 +10,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
-import subprocess
 
 import torch
 from torch import Tensor
 
-from superinfer.model.cpu_kernels import KernelsDisabled, load_library
-
-logger = logging.getLogger(__name__)
+from superinfer.model.cpu_kernels import load_kernel
 
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _PTR, _INT, _I64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
@@ -62,10 +58,4 @@ class NormKernel:
 @functools.cache
 def norm_kernel() -> NormKernel | None:
     """The compiled kernel, or None where it cannot be built here (logged once)."""
-    try:
-        return NormKernel(load_library())
-    except KernelsDisabled as reason:
-        logger.info("CPU RMSNorm kernel off: %s", reason)
-    except (OSError, RuntimeError, subprocess.SubprocessError) as error:
-        logger.warning("CPU RMSNorm kernel unavailable, using PyTorch's: %s", error)
-    return None
+    return load_kernel(NormKernel, "RMSNorm", "using PyTorch's")
