@@ -1,15 +1,19 @@
-"""The CPU path's fused small ops (residual add + RMSNorm, `model/cpu_norm.py`; the KV
-write, `model/cpu_attention.py`) against the PyTorch ops they replace, in one process,
-alternating, medians of per-step times.
+"""The CPU path's fused decode work against what it replaces, in one process, alternating,
+medians of per-step times.
 
-    HF_HUB_OFFLINE=1 python benchmarks/cpu_fused_ops.py [--rounds 16] [--batch 1]
+    HF_HUB_OFFLINE=1 python benchmarks/cpu_fused_ops.py [--what flat] [--rounds 16] [--batch 1]
+
+--what norm-kv: the residual add + RMSNorm and KV write kernels (`model/cpu_norm.py`,
+`model/cpu_attention.py`) against the PyTorch ops they replace, both through the modules.
+--what flat: the flat decode loop (`model/cpu_decode.py`) against the modules, kernels on
+in both.
 
 The default model as the server loads it (`--quantization auto`, bfloat16, oneDNN-packed
 dense layers). --batch 1: a 256-token prompt, then decode steps; --batch N: N sequences of
-100-600 cached tokens (seeded random K/V) decoding together. Each round runs --steps steps with the
-kernels and --steps with PyTorch's ops (the order alternates by round); decode attention
-runs through the C kernel in both. Also counts the steps whose greedy token differs (a
-bfloat16 rounding of the norm can move a near-tie).
+100-600 cached tokens (seeded random K/V) decoding together. Each round runs --steps steps
+with each variant (the order alternates by round); decode attention runs through the C
+kernel in both. Also counts the steps whose greedy token differs (a bfloat16 rounding of
+the norm can move a near-tie; the flat loop must give the modules' tokens exactly).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=16)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--what", choices=["norm-kv", "flat"], default="norm-kv")
     args = parser.parse_args()
     if decode_kernel() is None or norm_kernel() is None:
         raise SystemExit("the CPU kernels did not build here")
@@ -51,9 +56,16 @@ def main() -> None:
     kv = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(model.dtype)
     starts = [sum(counts[:i]) for i in range(len(counts))]
     tables = [list(range(s, s + n)) for s, n in zip(starts, counts)]
-    can_write = PagedDecodeKernel.can_write
+    can_write, flat = PagedDecodeKernel.can_write, model.model.flat_decode
+    if args.what == "flat" and flat is None:
+        raise SystemExit(f"no flat decode loop here: {model.use_flat_decode()}")
 
     def use_kernels(on: bool) -> None:
+        """Turn the variant measured on (the new path) or off (what it replaces)."""
+        if args.what == "flat":
+            model.model.flat_decode = flat if on else None
+            return
+        model.model.flat_decode = None
         decoder.norm_kernel = norm_kernel if on else (lambda: None)
         PagedDecodeKernel.can_write = can_write if on else (lambda *_: False)
 
@@ -83,8 +95,9 @@ def main() -> None:
     medians = {on: statistics.median(t) * 1e3 for on, t in times.items()}
     print(f"batch {args.batch}, {args.rounds} rounds of {args.steps} steps, "
           f"{torch.get_num_threads()} threads")  # fmt: skip
-    print(f"  PyTorch ops   {medians[False]:7.2f} ms a step")
-    print(f"  fused kernels {medians[True]:7.2f} ms a step ({medians[True] / medians[False]:.2f}x)")
+    old, new = ("modules", "flat loop") if args.what == "flat" else ("PyTorch ops", "fused kernels")
+    print(f"  {old:13} {medians[False]:7.2f} ms a step")
+    print(f"  {new:13} {medians[True]:7.2f} ms a step ({medians[True] / medians[False]:.2f}x)")
     differing = sum(a != b for a, b in zip(tokens[True], tokens[False]))
     print(f"  greedy tokens differing in the last round: {differing} of {len(tokens[True])}")
 

@@ -54,7 +54,11 @@ def _attention_line(engine: LLMEngine) -> str:
     captured = (
         "off" if graphs is None else f"{len(graphs.sizes)} decode sizes to {graphs.sizes[-1]}"
     )
-    return f"Attention backend: {_attention_backend(engine)}; CUDA graphs: {captured}"
+    line = f"Attention backend: {_attention_backend(engine)}; CUDA graphs: {captured}"
+    if engine.device.type == "cpu":
+        flat = engine.runner.model.model.flat_decode is not None and engine.attention.name == "cpu"
+        line += f"; flat decode loop (csrc/rotary_decode.c): {'on' if flat else 'off'}"
+    return line
 
 
 def _attention_backend(engine: LLMEngine) -> str:

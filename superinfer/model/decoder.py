@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from superinfer.model.attention import StepMetadata
 from superinfer.model.config import ModelConfig
+from superinfer.model.cpu_decode import FlatDecode
 from superinfer.model.cpu_norm import norm_kernel
 from superinfer.model.moe import MoE
 from superinfer.model.rotary import RotaryEmbedding, apply_rotary
@@ -178,6 +179,7 @@ class DecoderModel(nn.Module):
             )
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.norm_offset)
+        self.flat_decode: FlatDecode | None = None  # see DecoderForCausalLM.use_flat_decode
 
     def forward(
         self, input_ids: Tensor, positions: Tensor, kv_cache: Tensor, meta: StepMetadata
@@ -186,6 +188,8 @@ class DecoderModel(nn.Module):
         if self.embedding_scale is not None:  # in the model's dtype, as transformers
             x = x * torch.tensor(self.embedding_scale, dtype=x.dtype)
         rotation = self.rotary(positions)  # (T, 1, D/2)
+        if self.flat_decode is not None and self.flat_decode.takes(meta, kv_cache):
+            return self.flat_decode(x, rotation, kv_cache, meta)
         local = rotation if self.local_rotary is None else self.local_rotary(positions)
         for layer in self.layers:
             x, residual = layer(x, residual, (rotation, local), kv_cache, meta)
@@ -211,6 +215,13 @@ class DecoderForCausalLM(nn.Module):
         """Share the embedding with lm_head if the config says so (again after to_empty)."""
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    def use_flat_decode(self) -> str:
+        """Run decode-only CPU steps as one flat loop (`cpu_decode.py`: the same results,
+        fewer calls) where it can run this model; call it once the weights are final.
+        Returns what was decided, and why."""
+        self.model.flat_decode, reason = FlatDecode.build(self.model)
+        return f"{'on' if self.model.flat_decode else 'off'}: {reason}"
 
     def forward(
         self, input_ids: Tensor, positions: Tensor, kv_cache: Tensor, meta: StepMetadata

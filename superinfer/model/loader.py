@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import logging
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ from superinfer.model.gguf_checkpoint import GGUFCheckpoint
 from superinfer.model.quant import int4_kernel_available, quantize_embedding, quantize_linears
 from superinfer.model.registry import hf_architecture
 from superinfer.model.tokenizer import load_tokenizer
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 QUANTIZATIONS = ("auto", "none", "gguf")
@@ -101,6 +104,8 @@ def load_model(
         )
     if pack_weights and device.type == "cpu":
         pack_linears(loaded.model)
+    if device.type == "cpu":
+        logger.info("flat CPU decode loop %s", loaded.model.use_flat_decode())
     return loaded
 
 

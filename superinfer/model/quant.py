@@ -16,6 +16,8 @@ Fused projections (q/k/v, gate/up) concatenate their GGUF tensors' rows, which i
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType, ReaderTensor
@@ -53,6 +55,7 @@ class Int4Linear(nn.Module):
         super().__init__()
         self.bias = bias
         self.dense: nn.Module | None = None  # see `keep_dense`
+        self.max_int4_rows = sys.maxsize  # a plain attribute: read on every call
         self.in_features, self.out_features = in_features, nibbles.shape[0]
         self.num_planes = nibbles.shape[1] // in_features
         nibbles = nibbles.to(torch.int32)  # what the packing op takes
@@ -85,7 +88,7 @@ class Int4Linear(nn.Module):
         self.dense, self.max_int4_rows = linear, max_int4_rows
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.dense is not None and x.shape[0] > self.max_int4_rows:
+        if x.shape[0] > self.max_int4_rows:  # only once `keep_dense` set a dense layer
             return self.dense(x)
         dtype = x.dtype  # conversions only where needed: a decode step makes 120 calls
         if dtype != torch.bfloat16:
