@@ -32,6 +32,7 @@ from superinfer.model.cpu_kernels import CFLAGS
 NUM_LAYERS, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, NUM_HEADS = 30, 16, 3, 64, 9
 # (sequences, their lengths): uniform batches, and a ShareGPT-like mix of lengths
 CASES = {
+    "1 x 256": [256],
     "1 x 1500": [1500],
     "16 x 400": [400] * 16,
     "32 x 600": [600] * 32,
