@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from superinfer.model.cpu_attention import decode_kernel
+from superinfer.model.cpu_attention import PagedDecodeKernel, decode_kernel
 
 
 class StepMetadata(Protocol):
@@ -118,6 +118,10 @@ class PrefillChunk:
     block_ids: Tensor | None  # (num_blocks,)
     mask: Tensor | None  # (num_query_tokens, num_blocks * block_size)
     num_context_tokens: int = 0  # position of the first query token
+    # for the CPU prefill kernel, which reads every key in the cache: the sequence's blocks
+    # from the one holding `first_position` on (int64)
+    table: Tensor | None = None
+    first_position: int = 0
 
     @property
     def num_query_tokens(self) -> int:
@@ -306,20 +310,21 @@ def _prefill_chunk(
 ) -> PrefillChunk:
     tokens = slice(start, start + entry.num_query_tokens)
     query_pos = torch.arange(entry.num_context_tokens, entry.num_tokens).unsqueeze(1)
-    if entry.num_context_tokens == 0:  # the chunk's own keys, from position 0
-        if window is None or entry.num_tokens <= window:
-            return PrefillChunk(tokens, None, None)
-        keys = torch.arange(entry.num_query_tokens)
-        mask = (keys <= query_pos) & (keys > query_pos - window)  # (Tq, Tq)
-        return PrefillChunk(tokens, None, mask.to(device))
     first = _first_block(entry.num_context_tokens, window, block_size)
     num_blocks = _num_blocks(entry.num_tokens, block_size)
     block_ids = torch.tensor(entry.block_table[first:num_blocks], dtype=torch.long)
+    table = {"table": block_ids.to(device), "first_position": first * block_size}
+    if entry.num_context_tokens == 0:  # the chunk's own keys, from position 0
+        if window is None or entry.num_tokens <= window:
+            return PrefillChunk(tokens, None, None, **table)
+        keys = torch.arange(entry.num_query_tokens)
+        mask = (keys <= query_pos) & (keys > query_pos - window)  # (Tq, Tq)
+        return PrefillChunk(tokens, None, mask.to(device), **table)
     keys = torch.arange(first * block_size, num_blocks * block_size)
     mask = keys <= query_pos  # (Tq, N) causal with offset
     if window is not None:
         mask &= keys > query_pos - window
-    return PrefillChunk(tokens, block_ids.to(device), mask.to(device), entry.num_context_tokens)
+    return PrefillChunk(tokens, table["table"], mask.to(device), entry.num_context_tokens, **table)
 
 
 class GatherWorkspace:
@@ -372,10 +377,14 @@ def paged_attention(
     workspace = workspace or GatherWorkspace()
     meta = meta.windowed(window)
     attend = Scores(scale, softcap)
-    parts = [
-        (p.tokens, _prefill_attention(q, k, v, kv_cache, layer, p, workspace, attend))
-        for p in meta.prefills
-    ]
+    # the prefill kernel reads the cache as written above; it has no soft-capping
+    prefill_kernel = kernel if attend.softcap is None and kv_cache.device.type == "cpu" else None
+    parts = []
+    for chunk in meta.prefills:
+        o = _prefill_attention(
+            q, k, v, kv_cache, layer, chunk, workspace, attend, prefill_kernel, window
+        )
+        parts.append((chunk.tokens, o))
     if meta.decode is not None:
         o = _decode_attention(q, kv_cache, layer, meta.decode, workspace, attend, use_kernel)
         parts.append((meta.decode.tokens, o))
@@ -465,8 +474,16 @@ def _prefill_attention(
     chunk: PrefillChunk,
     workspace: GatherWorkspace,
     attend: Scores,
+    kernel: PagedDecodeKernel | None = None,
+    window: int | None = None,
 ) -> Tensor:
-    """Several query tokens of one sequence: (T, H, D) -> (Tq, H, D)."""
+    """Several query tokens of one sequence: (T, H, D) -> (Tq, H, D). With `kernel`, its
+    prefill reads the keys in the cache where it runs."""
+    if kernel is not None and chunk.table is not None:
+        o = kernel.prefill(q[chunk.tokens], kv_cache, layer, chunk.table, chunk.first_position,
+                           chunk.num_context_tokens, window, attend.scale)  # fmt: skip
+        if o is not None:
+            return o
     q = q[chunk.tokens].transpose(0, 1).unsqueeze(0)  # (1, H, Tq, D)
     if chunk.block_ids is None:  # no cached context: the chunk's own keys suffice
         k = k[chunk.tokens].transpose(0, 1).unsqueeze(0)  # (1, Hkv, Tq, D)

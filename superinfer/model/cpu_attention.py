@@ -38,6 +38,11 @@ class PagedDecodeKernel:
         self._write = library.write_kv
         self._write.restype = _INT
         self._write.argtypes = [_PTR, _I64, _PTR, _I64] + [_PTR] * 3 + [_I64] * 2 + [_INT] * 5
+        self._prefill = library.paged_prefill_attention
+        self._prefill.restype = _INT
+        self._prefill.argtypes = ([_PTR, _I64, _PTR, _PTR, _INT, _PTR, _I64] + [_INT] * 9
+                                  + [ctypes.c_float, _INT])  # fmt: skip
+        self._prefill_declined: set[tuple[torch.dtype, int, int]] = set()
 
     def supports(self, kv_cache: Tensor, num_heads: int) -> bool:
         num_kv_heads, head_dim = kv_cache.shape[-2], kv_cache.shape[-1]
@@ -83,6 +88,43 @@ class PagedDecodeKernel:
         )  # fmt: skip
         if status != 0:
             raise RuntimeError(f"paged_decode_attention failed with status {status}")
+        return out
+
+    def prefill(
+        self,
+        q: Tensor,
+        kv_cache: Tensor,
+        layer: int,
+        block_table: Tensor,
+        first_position: int,
+        num_context: int,
+        window: int | None = None,
+        scale: float | None = None,
+    ) -> Tensor | None:
+        """Causal attention of one sequence's chunk, q (Tq, H, D) at positions num_context
+        .., over its keys in the cache (the chunk's own written first): (Tq, H, D), or None
+        where the kernel does not run (`csrc/paged_prefill.c`: a bfloat16 cache, head size a
+        multiple of 32, a CPU with AVX-512 BF16). block_table (int64, contiguous): the
+        sequence's blocks from the one holding `first_position` (0 unless windowed)."""
+        num_layers, block_size, num_kv_heads, head_dim = (kv_cache.shape[1], *kv_cache.shape[3:])
+        num_query, num_heads = q.shape[0], q.shape[1]
+        key = (kv_cache.dtype, head_dim, num_heads // num_kv_heads)
+        if key in self._prefill_declined or q.dtype != kv_cache.dtype:
+            return None
+        if q.stride(2) != 1 or q.stride(1) != head_dim or not kv_cache.is_contiguous():
+            return None
+        out = q.new_empty(num_query, num_heads, head_dim)
+        status = self._prefill(
+            q.data_ptr(), q.stride(0), kv_cache.data_ptr(), out.data_ptr(),
+            _DTYPES.get(kv_cache.dtype, -1), block_table.data_ptr(), first_position,
+            num_context, num_query, window or 0, num_layers, layer, block_size, num_heads,
+            num_kv_heads, head_dim, scale or 1.0 / math.sqrt(head_dim), torch.get_num_threads(),
+        )  # fmt: skip
+        if status == -1:
+            self._prefill_declined.add(key)
+            return None
+        if status != 0:
+            raise RuntimeError(f"paged_prefill_attention failed with status {status}")
         return out
 
     def can_write(self, kv_cache: Tensor, k: Tensor, v: Tensor) -> bool:
