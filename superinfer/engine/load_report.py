@@ -70,9 +70,23 @@ def _attention_backend(engine: LLMEngine) -> str:
     if name == "reference":
         return f"reference ({gathered}, decode and prefill)"
     kernel = decode_kernel()
+    prefill = "torch SDPA"
+    if _prefill_kernel_runs(engine):
+        prefill = "csrc/paged_prefill.c reads K/V in place"
     if not kernel.supports(engine.kv_tiers.device, engine.model_config.num_heads):
-        return f"cpu: decode {gathered} (the C kernel does not fit this dtype/heads); prefill SDPA"
-    return "cpu (decode: csrc/paged_decode.c reads K/V in place; prefill: torch SDPA)"
+        return (f"cpu: decode {gathered} (the C kernel does not fit this dtype/heads); "
+                f"prefill {prefill}")  # fmt: skip
+    return f"cpu (decode: csrc/paged_decode.c reads K/V in place; prefill: {prefill})"
+
+
+def _prefill_kernel_runs(engine: LLMEngine) -> bool:
+    """Whether the prefill kernel takes this model's heads and cache dtype on this CPU
+    (it declines where it does not: no AVX-512 BF16, a float32 cache), by one tiny call."""
+    mc, cache = engine.model_config, engine.kv_tiers.device
+    probe = cache.new_zeros(1, 1, 2, cache.shape[3], mc.num_kv_heads, mc.head_dim)
+    q = cache.new_zeros(1, mc.num_heads, mc.head_dim)
+    table = torch.zeros(1, dtype=torch.long)
+    return decode_kernel().prefill(q, probe, 0, table, 0, 0) is not None
 
 
 def _kv_line(engine: LLMEngine) -> str:

@@ -105,8 +105,11 @@ def test_echo_scores_the_prompt_as_generation_scored_the_output(client, server):
     tail = logprobs.token_logprobs[num_prompt - 5 : num_prompt]
     assert logprobs.tokens[num_prompt - 5 : num_prompt] == generated.logprobs.tokens
     # the server computes in bfloat16: batches of other shapes (a decode step, a prefill
-    # after a prefix-cache hit) round differently, in the second decimal
-    assert all(abs(a - b) < 0.1 for a, b in zip(tail, generated.logprobs.token_logprobs))
+    # after a prefix-cache hit) round differently, in the second decimal. Measured on
+    # these tokens against a float32 prefill: the bfloat16 decode steps are off by up to
+    # 0.108, the bfloat16 prefill by up to 0.026 (0.036 through SDPA); the two sides
+    # differed by up to 0.104.
+    assert all(abs(a - b) < 0.15 for a, b in zip(tail, generated.logprobs.token_logprobs))
     for token, top in zip(generated.logprobs.tokens, generated.logprobs.top_logprobs):
         assert token in top and len(top) <= 3  # the top 2 and the sampled token
 
