@@ -13,7 +13,9 @@ its slot, then attends:
   their blocks are gathered into a (B, kv_heads, max_len, head_dim) batch and padding is
   masked;
 - prefill chunks (several query tokens) one call each, causal with an offset when part of
-  the sequence is already cached.
+  the sequence is already cached; with the cpu backend and a bfloat16 cache a C kernel
+  reads their keys in place (`csrc/paged_prefill.c`, CPUs with AVX-512 BF16), else their
+  blocks are gathered for SDPA.
 
 This module is the reference and cpu backends' attention (`paged_attention`) and the
 metadata they build; the seam that picks a backend, and the Triton one, are in

@@ -8,8 +8,9 @@ calls `meta.attend(...)`, so layers never ask which device they are on.
 
 - `reference`: gather each sequence's blocks and run SDPA (`attention.paged_attention`
   without its kernel). Runs everywhere; the oracle of the other backends' tests.
-- `cpu`: the reference, with decode through the C kernel that reads blocks in place
-  (`cpu_attention.py`). Needs a CPU cache and a C compiler.
+- `cpu`: the reference, with decode (and bfloat16 prefill, where the CPU has AVX-512
+  BF16) through C kernels that read blocks in place (`cpu_attention.py`). Needs a CPU
+  cache and a C compiler.
 - `triton`: one Triton kernel for decode and (chunked) prefill that reads the cache in
   place (`triton_attention.py`). Needs triton and a CUDA device (or TRITON_INTERPRET=1).
 
@@ -98,7 +99,8 @@ class ReferenceBackend(AttentionBackend):
 
 
 class CpuBackend(ReferenceBackend):
-    """Decode through the C kernel reading blocks in place; prefill as the reference."""
+    """Decode, and bfloat16 prefill where the CPU has AVX-512 BF16, through the C kernels
+    reading blocks in place; the rest as the reference."""
 
     name = "cpu"
     uses_kernel = True
