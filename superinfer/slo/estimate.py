@@ -493,10 +493,14 @@ def _fit_two(samples: Sequence[tuple[float, float, float]]) -> tuple[float, floa
     sxt = sum(x * t for x, _, t in samples)
     syt = sum(y * t for _, y, t in samples)
     det = sxx * syy - sxy * sxy
-    if det > 1e-12 * sxx * syy:
-        a, b = (sxt * syy - syt * sxy) / det, (syt * sxx - sxt * sxy) / det
-        if a >= 0 and b >= 0:
-            return a, b
+    if det <= 1e-12 * sxx * syy:
+        # steps of one shape (pairs proportional to tokens) cannot tell the two costs apart;
+        # price the tokens, as the warm-up's prior does. Comparing the two one-feature fits
+        # here would pick by rounding: their errors are equal.
+        return (max(0.0, sxt / sxx) if sxx else 0.0), 0.0
+    a, b = (sxt * syy - syt * sxy) / det, (syt * sxx - sxt * sxy) / det
+    if a >= 0 and b >= 0:
+        return a, b
     # one feature alone, the other at 0: whichever leaves the smaller squared error
     fits = [(max(0.0, sxt / sxx) if sxx else 0.0, 0.0), (0.0, max(0.0, syt / syy) if syy else 0.0)]
     return min(fits, key=lambda ab: sum((ab[0] * x + ab[1] * y - t) ** 2 for x, y, t in samples))

@@ -149,7 +149,10 @@ def read_stream(
 def test_a_replica_that_dies_fails_its_requests_and_the_other_serves(tmp_path: Path) -> None:
     server = ServerProcess(tmp_path, "--replicas", "2").start()
     try:
-        body = {"prompt": PROMPT, "max_tokens": 300, "stream": True, "ignore_eos": True}
+        # long enough that the first stream's prefill moves its replica's estimate: two
+        # short prompts may both go to the replica whose estimate was lower
+        long_prompt = "The capital of France is Paris. " * 40
+        body = {"prompt": long_prompt, "max_tokens": 300, "stream": True, "ignore_eos": True}
         streams = [([], threading.Event()) for _ in range(2)]
         threads = [threading.Thread(target=read_stream, args=(server, body, *stream))
                    for stream in streams]  # fmt: skip

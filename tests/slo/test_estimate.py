@@ -146,6 +146,17 @@ def test_a_served_step_counts_its_time_beyond_its_decodes_as_prefill():
     assert alone.per_token_s * 100 + alone.per_pair_s * 5050 == pytest.approx(0.15)
 
 
+def test_steps_of_one_shape_price_tokens():
+    """Every step the same prompt length: tokens and pairs are proportional, the split is
+    not identifiable, and the whole cost goes to tokens (not to pairs by a rounding)."""
+    for excess_s in (0.0123456789, 0.0234567891, 0.0345678912, 0.0456789123):
+        cost = PrefillCost(min_samples=4, min_tokens=1)
+        for _ in range(10):
+            cost.observe(64, 64 * 65 / 2, excess_s)
+        assert cost.per_pair_s == 0.0
+        assert cost.per_token_s == pytest.approx(excess_s / 64)
+
+
 def test_prefill_cost_is_never_negative():
     cost = PrefillCost(min_samples=2, min_tokens=1)
     for tokens in (100, 200, 400):  # time falls with pairs: no non-negative fit but one term
