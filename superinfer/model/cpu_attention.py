@@ -24,10 +24,10 @@ import math
 import torch
 from torch import Tensor
 
+from superinfer.model.cpu_kernels import KERNEL_DTYPES as _DTYPES
 from superinfer.model.cpu_kernels import load_kernel
 
 MAX_HEAD_DIM, MAX_GROUP = 256, 16  # as in the source
-_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _PTR, _INT, _I64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64  # pointers passed as ints
 
 

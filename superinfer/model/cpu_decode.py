@@ -31,13 +31,13 @@ from torch import Tensor
 
 from superinfer.model.attention import AttentionMetadata
 from superinfer.model.cpu_attention import MAX_GROUP, MAX_HEAD_DIM
+from superinfer.model.cpu_kernels import KERNEL_DTYPES as _DTYPES
 from superinfer.model.cpu_kernels import load_kernel
 from superinfer.model.cpu_norm import NormKernel, norm_kernel
 
 if TYPE_CHECKING:
     from superinfer.model.decoder import DecoderModel
 
-_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _PTR, _INT, _I64, _FLOAT = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
 
 

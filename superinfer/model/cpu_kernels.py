@@ -22,10 +22,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+import torch
+
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 SOURCE_DIR = Path(__file__).with_name("csrc")
+# the dtypes the kernels take, as the code they pass (is_bf16)
+KERNEL_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 # vectorize the float reductions without -ffast-math (see paged_decode.c's header)
 CFLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno",
           "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros"]  # fmt: skip

@@ -14,9 +14,9 @@ import functools
 import torch
 from torch import Tensor
 
+from superinfer.model.cpu_kernels import KERNEL_DTYPES as _DTYPES
 from superinfer.model.cpu_kernels import load_kernel
 
-_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _PTR, _INT, _I64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
 
 

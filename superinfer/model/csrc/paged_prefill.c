@@ -54,7 +54,7 @@ struct chunk {
     uint16_t *out;
     const int64_t *block_table;
     int64_t q_stride, first_position, block_stride, layer_offset, v_offset;
-    int num_context, num_query, window, block_size, num_heads, num_kv_heads, head_dim;
+    int num_context, window, block_size, num_heads, num_kv_heads, head_dim;
     float scale;
 };
 
@@ -210,7 +210,7 @@ int paged_prefill_attention(const void *q, int64_t q_stride, const void *kv_cach
     const int64_t layer_size = 2LL * block_size * num_kv_heads * head_dim;
     const struct chunk c = {
         q, kv_cache, out, block_table, q_stride, first_position, num_layers * layer_size,
-        layer * layer_size, layer_size / 2, num_context, num_query, window, block_size,
+        layer * layer_size, layer_size / 2, num_context, window, block_size,
         num_heads, num_kv_heads, head_dim, scale,
     };
     const int num_tiles = (num_query + QUERY_TILE - 1) / QUERY_TILE;
