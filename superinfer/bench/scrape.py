@@ -24,6 +24,7 @@ SERIES = (
     "vllm:num_requests_waiting",
     "vllm:num_requests_swapped",
     "vllm:num_preemptions_total",
+    "vllm:request_success_total",
     "superinfer:rotations_total",
     "superinfer:swap_ins_total",
     "superinfer:kv_transfer_bytes_total",
@@ -55,17 +56,24 @@ class MetricsPoller:
         self.headers = headers or {}
         self.timeline: list[dict[str, Any]] = []
         self._task: asyncio.Task[None] | None = None
+        self._start_time = 0.0
 
     def start(self, start_time: float) -> None:
+        self._start_time = start_time
         self._task = asyncio.get_running_loop().create_task(self._run(start_time))
 
     async def stop(self) -> list[dict[str, Any]]:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        """Stop polling; one last scrape makes the timeline end with the run's final state
+        (a short run can fall between two periodic scrapes)."""
+        if self._task is None:
+            return self.timeline
+        self._task.cancel()
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            pass
+        async with httpx.AsyncClient(timeout=5.0, headers=self.headers) as client:
+            await self.scrape(client, self._start_time)
         return self.timeline
 
     async def _run(self, start_time: float) -> None:
