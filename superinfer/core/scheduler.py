@@ -411,19 +411,33 @@ class Scheduler:
                 plan.add(request, num_tokens)
 
     def _queued_prompt_tokens_by_rank(self) -> dict[int, int]:
-        """Prompt tokens of the waiting requests whose prompt fits the free device blocks,
-        by class rank: the step budget a running prompt of a lower class leaves them (it
-        started first, but a gold prompt does not wait behind a bronze one's chunks)."""
+        """Prompt tokens of the waiting requests that fit the device pool, by class rank: the
+        step budget a running prompt of a lower class leaves them (it started first, but a
+        gold prompt does not wait behind a bronze one's chunks). A request fits what is
+        free plus what the lower classes' running decodes hold: admission displaces those
+        to make room for it (`_admit_displacing`), so a full pool does not send a gold
+        prompt behind a silver one's chunks."""
         if not self.reservations.is_ranked:
             return {}
-        tokens: dict[int, int] = {}
         num_free = self.kv.device.num_free_blocks
-        for request in self.waiting:
-            num_blocks = self.kv.num_blocks_for(request.num_tokens)
-            if num_blocks > num_free:
-                continue
-            num_free -= num_blocks
+        displaceable: dict[int, int] = {}  # rank -> device blocks of its running decodes
+        for request in self.running:
+            if request.is_prefill_done:
+                rank = self.reservations.rank(request)
+                displaceable[rank] = displaceable.get(rank, 0) + self.kv.num_device_blocks_of(request)
+        tokens: dict[int, int] = {}
+        for request in sorted(self.waiting, key=self.reservations.rank):  # stable: queue order
             rank = self.reservations.rank(request)
+            num_blocks = self.kv.num_blocks_for(request.num_tokens)
+            lower = sorted(r for r in displaceable if r > rank)
+            if num_blocks > num_free + sum(displaceable[r] for r in lower):
+                continue
+            num_taken = min(num_blocks, num_free)
+            num_free -= num_taken
+            for other in reversed(lower):  # the lowest class is displaced first
+                num_from = min(num_blocks - num_taken, displaceable[other])
+                displaceable[other] -= num_from
+                num_taken += num_from
             tokens[rank] = tokens.get(rank, 0) + request.num_uncomputed_tokens
         return tokens
 

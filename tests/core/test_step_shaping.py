@@ -49,6 +49,7 @@ def drive(scheduler, model, num_steps: int, now: float = 0.0, arrivals=()) -> fl
         now += step_seconds(model, BatchShape.of(out)) or 0.005
         scheduler.update_from_output(out, fake_model_output(out), now)
         scheduler.check_invariants()
+    scheduler.complete_transfers(pending)  # the last step's copies land before the next call
     return now
 
 
@@ -269,3 +270,35 @@ def test_a_running_bronze_prompt_leaves_the_step_budget_to_a_queued_gold_prompt(
     drive(unranked, LinearCost(), 1)
     unranked.add_request(make_request(40, max_tokens=4, request_id="second"))
     assert [q.request_id for q in unranked.schedule(1.0).sequences] == ["first"]  # no classes
+
+
+def test_a_gold_prompt_that_needs_bronzes_blocks_still_goes_before_a_running_silver_prompt():
+    """With the pool full of bronze decodes, a gold prompt fits only by displacing them:
+    it still takes the step budget ahead of a silver prompt part-way through its chunks,
+    and the bronze it displaces is rotated out, not recomputed."""
+    silver_targets = SLOTargets(ttft_ms=1000, tbt_ms=200, slo_class="silver")
+    s = make_scheduler("rotasched", num_device_blocks=40, max_num_batched_tokens=32,
+                       class_order=CLASSES)  # fmt: skip
+    bronze = [classed(make_request(20, max_tokens=50, request_id=f"b{i}"), BRONZE) for i in range(4)]
+    for request in bronze:
+        s.add_request(request)
+    now = drive(s, LinearCost(), 6)  # all four prefilled and decoding
+    assert all(r.is_prefill_done and r.status is RequestStatus.RUNNING for r in bronze)
+    silver = classed(make_request(100, max_tokens=4, request_id="silver", arrival_time=now),
+                     silver_targets)  # fmt: skip
+    s.add_request(silver)
+    now = drive(s, LinearCost(), 1, now)  # its first chunk
+    assert 0 < silver.num_computed_tokens < 100
+    gold = classed(make_request(40, max_tokens=4, request_id="gold", arrival_time=now), GOLD)
+    s.add_request(gold)
+    assert s.kv.num_blocks_for(gold.num_tokens) > s.kv.device.num_free_blocks
+    out = s.schedule(now)
+    counts = {q.request_id: q.num_query_tokens for q in out.sequences}
+    assert counts.get("gold", 0) > 0 and counts.get("silver", 0) < 32 - 4  # the budget went to gold
+    assert out.swapped_out_request_ids and not out.preempted_request_ids
+    assert all(s.requests[i].slo.slo_class == "bronze" for i in out.swapped_out_request_ids)
+    s.update_from_output(out, fake_model_output(out), now + 0.05)
+    s.check_invariants()
+    s.complete_transfers([spec.transfer_id for spec in out.transfers])  # the copies landed
+    drive(s, LinearCost(), 200, now + 0.05)
+    assert all(r.status is RequestStatus.FINISHED_LENGTH for r in [*bronze, silver, gold])
