@@ -117,7 +117,10 @@ def server_command(system: System, port: int, server_args: str, slo_config: str 
     if system.command is not None:
         return shlex.split(system.command.replace("{port}", str(port)))
     extra = shlex.split(server_args)
-    argv = [sys.executable, "-m", "superinfer.cli", "serve", "--port", str(port),
+    # -P: the server imports the superinfer this process imported (PYTHONPATH, else the
+    # install), not one that `-m` would find in the working directory first; an A/B that
+    # points PYTHONPATH at a baseline checkout otherwise serves the current one in both arms
+    argv = [sys.executable, "-P", "-m", "superinfer.cli", "serve", "--port", str(port),
             "--policy", system.policy, *extra]  # fmt: skip
     if slo_config and "--slo-config" not in extra:
         argv += ["--slo-config", slo_config]  # the client judges by the same classes

@@ -42,7 +42,7 @@ def test_systems_from_flags():
 
 def test_server_commands():
     argv = server_command(System("edf", policy="edf"), 9000, "--num-device-blocks 64", "c.yaml")
-    assert argv == [sys.executable, "-m", "superinfer.cli", "serve", "--port", "9000",
+    assert argv == [sys.executable, "-P", "-m", "superinfer.cli", "serve", "--port", "9000",
                     "--policy", "edf", "--num-device-blocks", "64", "--slo-config", "c.yaml"]  # fmt: skip
     assert "c.yaml" not in server_command(System("edf", policy="edf"), 1, "--slo-config o.yaml",
                                           "c.yaml")  # fmt: skip
