@@ -15,11 +15,11 @@
   request keeps its TPOT as well as its first token, and a promise already made is not
   broken to make a new one;
 - 425 `slo_infeasible` (reason `kv_infeasible`) when such a request's KV, with what every
-  admitted request will hold when done, would not fit the device pool and the host tier
-  (up to the policy's guard), less 10% for each class above its own that is arriving
-  lately: room for it could only come from dropping an admitted request's KV for
-  recompute, breaking a promise already made, and the classes above keep room to be
-  admitted first;
+  admitted request will hold when done, would not fit the device pool and half the host
+  tier (up to the policy's guard; the rest is room to rotate in), less 10% for each class
+  above its own that is arriving lately: room for it could only come from dropping an
+  admitted request's KV for recompute, breaking a promise already made, and the classes
+  above keep room to be admitted first;
 - 429 `queue_full` with Retry-After: the waiting queue is full by count or by tokens.
 
 The estimate is `slo/estimate.py`'s (queue ahead in class order, prefill, the wait for

@@ -181,17 +181,19 @@ def test_the_admission_quantile_is_checked() -> None:
 
 def test_kv_the_admitted_requests_hold_when_done_beyond_both_tiers_is_425():
     """Every admitted request, whatever its class, keeps room for its KV to the end: past
-    the device pool plus the host tier up to the guard, making room would mean dropping one
-    for recompute. A policy that does not rotate has only the device pool."""
+    the device pool plus the committed half of the host tier up to the guard, making room
+    would mean dropping one for recompute (or rotating without room to rotate in). A policy
+    that does not rotate has only the device pool."""
 
     def running(slo_class: str) -> Decoding:
         return Decoding(1.0, 100, 50, 0.0, slo_class=slo_class, num_final_tokens=160)  # 10 blocks
 
     full = Load(step_time_s=0.05, prefill_s_per_token=0.002, block_size=16, num_device_blocks=40,
-                num_host_blocks=50, num_free_host_blocks=50, host_admission_guard=0.9,
+                num_host_blocks=100, num_free_host_blocks=100, host_admission_guard=0.9,
                 is_preempt_by_swap=True,
                 decoding=tuple(running("bronze") for _ in range(7)))  # fmt: skip
-    # 70 blocks held, 40 + 45 the tiers hold for them: 15 left
+    # 70 blocks held; the tiers commit 40 + 45 (half the host tier up to its guard, 90 of
+    # 100: the rest is room to rotate in): 15 left
     check(full, prompt=100, max_tokens=140, ttft_ms=5000, slo_class="gold")  # 15 blocks
     with pytest.raises(APIError) as info:
         check(full, prompt=100, max_tokens=141, ttft_ms=5000, slo_class="gold")  # 16
