@@ -326,7 +326,8 @@ class Estimator:
         """(KV blocks the admitted requests, every class, and this one hold when done; the
         blocks this request's class may commit: the device pool, and `HOST_COMMIT_SHARE` of
         the host tier up to the policy's guard when the policy rotates (the rest is room to
-        rotate in), less `KV_HEADROOM_PER_CLASS` for each
+        rotate in, which only the most important class asking may commit, when lower
+        classes are asking too), less `KV_HEADROOM_PER_CLASS` for each
         class above it among `classes_offered`, those arriving lately). Past the whole,
         some admitted request would have to be dropped and recomputed to make room: a
         promise broken. The headroom keeps room for the classes above that are asking for
@@ -335,10 +336,14 @@ class Estimator:
         finals += [q.num_final_tokens or q.num_tokens for q in load.queued]
         finals.append(num_prompt_tokens + max(1, max_tokens))
         num_committed = sum(_blocks(n - 1, load.block_size) for n in finals)
-        num_host = math.floor(HOST_COMMIT_SHARE * load.host_admission_guard * load.num_host_blocks)
-        num_capacity = load.num_device_blocks + (num_host if load.is_preempt_by_swap else 0)
         rank = self.rank(slo_class)
         num_above = sum(1 for name in set(classes_offered) if self.rank(name) < rank)
+        # the most important class asking, with lower ones asking too, may commit the
+        # rotation room as well: it makes room for itself by rotating theirs out
+        is_top = not num_above and any(self.rank(name) > rank for name in classes_offered)
+        host_share = 1.0 if is_top else HOST_COMMIT_SHARE
+        num_host = math.floor(host_share * load.host_admission_guard * load.num_host_blocks)
+        num_capacity = load.num_device_blocks + (num_host if load.is_preempt_by_swap else 0)
         share = max(0.0, 1.0 - KV_HEADROOM_PER_CLASS * num_above)
         return num_committed, math.floor(share * num_capacity)
 

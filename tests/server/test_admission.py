@@ -202,14 +202,17 @@ def test_kv_the_admitted_requests_hold_when_done_beyond_both_tiers_is_425():
     with pytest.raises(APIError):  # 70 blocks already past the 40 of the device
         check(no_rotation, prompt=10, max_tokens=5, ttft_ms=5000, slo_class="gold")
     check(full, prompt=100, max_tokens=141, ttft_ms=5000, reject=False)  # best effort: admitted
-    # with gold arriving, silver leaves it 10% of the 85 blocks (76), bronze leaves gold and
-    # silver 20% (68): bronze is refused first, gold last
+    # with several classes asking: gold, the most important, may also commit the host
+    # tier's rotation room (40 + 90 = 130: it makes room by rotating the others out); silver
+    # leaves gold 10% of the 85 blocks (76), bronze leaves gold and silver 20% (68): bronze
+    # is refused first, gold last
     gate = admission()
     check(full, prompt=60, max_tokens=37, ttft_ms=5000, slo_class="silver", gate=gate)  # 77
-    with pytest.raises(APIError):  # gold was refused just now: it is asking
-        check(full, prompt=100, max_tokens=141, ttft_ms=5000, slo_class="gold", gate=gate)
-    check(full, prompt=60, max_tokens=36, ttft_ms=5000, slo_class="silver", gate=gate)  # 76
+    check(full, prompt=100, max_tokens=860, ttft_ms=5000, slo_class="gold", gate=gate)  # 130
     with pytest.raises(APIError):
+        check(full, prompt=100, max_tokens=876, ttft_ms=5000, slo_class="gold", gate=gate)  # 131
+    check(full, prompt=60, max_tokens=36, ttft_ms=5000, slo_class="silver", gate=gate)  # 76
+    with pytest.raises(APIError):  # gold is asking now
         check(full, prompt=60, max_tokens=37, ttft_ms=5000, slo_class="silver", gate=gate)
     with pytest.raises(APIError):  # 7 blocks: 77, past 85 less gold's and silver's 10% each
         check(full, prompt=60, max_tokens=37, ttft_ms=5000, slo_class="bronze", gate=gate)
