@@ -421,10 +421,9 @@ class Scheduler:
             return {}
         num_free = self.kv.device.num_free_blocks
         displaceable: dict[int, int] = {}  # rank -> device blocks of its running decodes
-        for request in self.running:
-            if request.is_prefill_done:
-                rank = self.reservations.rank(request)
-                displaceable[rank] = displaceable.get(rank, 0) + self.kv.num_device_blocks_of(request)
+        for request in filter(lambda r: r.is_prefill_done, self.running):
+            rank = self.reservations.rank(request)
+            displaceable[rank] = displaceable.get(rank, 0) + self.kv.num_device_blocks_of(request)
         tokens: dict[int, int] = {}
         for request in sorted(self.waiting, key=self.reservations.rank):  # stable: queue order
             rank = self.reservations.rank(request)

@@ -279,7 +279,8 @@ def test_a_gold_prompt_that_needs_bronzes_blocks_still_goes_before_a_running_sil
     silver_targets = SLOTargets(ttft_ms=1000, tbt_ms=200, slo_class="silver")
     s = make_scheduler("rotasched", num_device_blocks=40, max_num_batched_tokens=32,
                        class_order=CLASSES)  # fmt: skip
-    bronze = [classed(make_request(20, max_tokens=50, request_id=f"b{i}"), BRONZE) for i in range(4)]
+    bronze = [classed(make_request(20, max_tokens=50, request_id=f"b{i}"), BRONZE)
+              for i in range(4)]  # fmt: skip
     for request in bronze:
         s.add_request(request)
     now = drive(s, LinearCost(), 6)  # all four prefilled and decoding
