@@ -60,7 +60,7 @@ class MetricsPoller:
 
     def start(self, start_time: float) -> None:
         self._start_time = start_time
-        self._task = asyncio.get_running_loop().create_task(self._run(start_time))
+        self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> list[dict[str, Any]]:
         """Stop polling; one last scrape makes the timeline end with the run's final state
@@ -76,10 +76,10 @@ class MetricsPoller:
             await self.scrape(client, self._start_time)
         return self.timeline
 
-    async def _run(self, start_time: float) -> None:
+    async def _run(self) -> None:
         async with httpx.AsyncClient(timeout=5.0, headers=self.headers) as client:
             while True:
-                await self.scrape(client, start_time)
+                await self.scrape(client, self._start_time)
                 await asyncio.sleep(self.interval_s)
 
     async def scrape(self, client: httpx.AsyncClient, start_time: float) -> None:
