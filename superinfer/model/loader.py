@@ -149,8 +149,8 @@ def build_model(
     (see `superinfer.model.weights.load_hf_weights` for `interleaved_qk`)."""
     with torch.device("meta"), _without_init():
         model = DecoderForCausalLM(config).to(dtype)
-    model.to_empty(device=device)
-    model.tie_weights()  # to_empty unties shared parameters
+    _materialize(model, device)
+    model.tie_weights()  # materializing unties shared parameters
     model.load_weights(weights, interleaved_qk)
     return model.eval()
 
@@ -178,6 +178,13 @@ def _without_init() -> Iterator[None]:
 
 def _keep(tensor: Tensor, *args: object, **kwargs: object) -> Tensor:
     return tensor
+
+
+def _materialize(model: nn.Module, device: torch.device) -> None:
+    """`model.to_empty(device)` without its `empty_like` on meta tensors: that runs a
+    Python reference which imports torch's symbolic shapes and sympy, 36 MB of resident
+    memory a server never uses."""
+    model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
 
 
 def load_gguf_model(

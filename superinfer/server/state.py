@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import generate_latest
 
 from superinfer.config import EngineConfig
+from superinfer.engine.native_memory import release_free_memory
 from superinfer.engine.snapshot import EngineSnapshot
 from superinfer.server.config import ServerConfig
 from superinfer.server.engine_host import EngineHost, Inflight, default_engine_factory
@@ -89,6 +90,7 @@ class ServerState:
             self.on_fatal()
             return
         self.front.preparer = self._preparer()
+        release_free_memory()  # what loading, the warm-up and the preparer's tables left free
         if self.front.phase == WARMING_UP:  # not if a signal began the drain meanwhile
             self.front.phase = READY
             logger.info("%s", self._ready_line(time.monotonic() - start))

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -142,3 +144,23 @@ def test_model_id_resolves_through_the_hf_cache_offline(tmp_path, tiny_llama, mo
     ).greedy(PROMPT, 4)
     with pytest.raises(ValueError, match="Hugging Face cache"):
         load_model("tiny-org/not-cached", torch.float32, "cpu")
+
+
+@pytest.mark.slow
+def test_loading_the_default_model_does_not_import_what_a_server_never_uses() -> None:
+    """Building the model must not run PyTorch's Python references (initialising or
+    materialising meta tensors), which import sympy and torch._dynamo: tens of MB of
+    resident memory for nothing. (transformers imports sympy itself when it reads an HF
+    directory or converts a GGUF tokenizer, so this loads the GGUF default twice: the
+    second load reads the tokenizer the first one cached.)"""
+    code = (
+        "import sys, torch\n"
+        "from superinfer.model.loader import load_model\n"
+        f"load_model({default_model_path()!r}, torch.bfloat16, 'cpu')\n"
+        "print(sorted(m for m in ('sympy', 'torch._dynamo') if m in sys.modules))\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    for _ in range(2):
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                env=env, check=True)  # fmt: skip
+    assert result.stdout.strip().splitlines()[-1] == "[]"
