@@ -27,7 +27,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
@@ -376,10 +376,13 @@ class AsyncEngine:
         if outputs:
             self._deliver([(o.request_id, o) for o in outputs])
 
-    def learn_prefill_cost(self, prior_s_per_token: float) -> None:
-        """Start learning prefill's cost from served steps, from the warm-up's measure
-        (call before serving: the engine thread reads it at every step)."""
-        self._prefill_cost = PrefillCost(prior_s_per_token)
+    def learn_prefill_cost(
+        self, prior_s_per_token: float, seeds: Sequence[tuple[int, float, float]] = ()
+    ) -> None:
+        """Start learning prefill's cost from served steps, from the warm-up's measures
+        (`PrefillCost`'s prior and seeds; call before serving: the engine thread reads it at
+        every step)."""
+        self._prefill_cost = PrefillCost(prior_s_per_token, seeds=seeds)
 
     def _count_tokens(self, outputs: list[RequestOutput]) -> None:
         """Tokens generated, and the prompt tokens computed for each first token."""

@@ -108,7 +108,7 @@ class EngineHost:
         from its measurements."""
         assert self.engine is not None
         report = await self.engine.call(warm_up)
-        self.engine.learn_prefill_cost(report.prefill_s_per_token)
+        self.engine.learn_prefill_cost(report.prefill_s_per_token, report.prefill_samples)
         self.warmup_prefill_s_per_token = report.prefill_s_per_token
         self.warmup_step_time_s = report.step_time_s
 

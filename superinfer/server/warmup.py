@@ -17,6 +17,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from superinfer.core.step_time import BatchShape
 from superinfer.engine.llm_engine import LLMEngine
 from superinfer.engine.snapshot import StepRecord
 from superinfer.sampling_params import SamplingParams
@@ -29,6 +30,7 @@ _MAX_STEPS = 10_000
 _TIMING_PROMPT_TOKENS = 256
 _GRID_BATCH_SIZES = (4, 16)  # sequences decoding together in the timing grid
 _GRID_PROMPT_TOKENS = 20
+_LONG_PROMPT_CHUNKS = 2  # the long timing prompt, in full step budgets
 
 
 class WarmupError(RuntimeError):
@@ -40,6 +42,9 @@ class WarmupReport:
     prefill_s_per_token: float
     step_time_s: float
     seconds: float
+    # each timed prefill step's (prompt tokens, attention pairs, seconds): a short prompt in
+    # one step and a long one in full-budget chunks, so pairs are priced apart from tokens
+    prefill_samples: tuple[tuple[int, float, float], ...] = ()
 
 
 def warm_up(engine: LLMEngine) -> WarmupReport:
@@ -53,8 +58,10 @@ def warm_up(engine: LLMEngine) -> WarmupReport:
     rotated, _ = _generate(engine, "superinfer-warmup-rotated", prompt, rotate_after=_ROTATE_AFTER)
     if rotated != plain:
         raise WarmupError(f"tokens changed across a KV rotation: {plain} vs {rotated}")
-    logger.info("Warm-up 3/3: timing a whole-prompt prefill")
-    prefill_s_per_token = _time_prefill(engine)  # after the first forwards warmed the kernels
+    logger.info("Warm-up 3/3: timing a whole-prompt prefill and a long prompt's chunks")
+    # after the first forwards warmed the kernels
+    prefill_s_per_token, samples = _time_prefill(engine)
+    samples += _time_long_prefill(engine)
     if engine.config.scheduler.tbt_shaped_steps:
         for num_seqs in _grid_batch_sizes(engine):
             _time_batch(engine, num_seqs)
@@ -65,7 +72,7 @@ def warm_up(engine: LLMEngine) -> WarmupReport:
     seconds = time.perf_counter() - start
     logger.info("Warm-up done in %.1f s: prefill %.2f ms/token, decode step %.1f ms",
                 seconds, prefill_s_per_token * 1e3, step_time_s * 1e3)  # fmt: skip
-    return WarmupReport(prefill_s_per_token, step_time_s, seconds)
+    return WarmupReport(prefill_s_per_token, step_time_s, seconds, tuple(samples))
 
 
 def _prompt_ids(engine: LLMEngine, num_tokens: int) -> list[int]:
@@ -78,17 +85,48 @@ def _greedy(max_tokens: int) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
 
 
-def _time_prefill(engine: LLMEngine) -> float:
-    """Seconds per prompt token of one whole-prompt prefill step."""
+Sample = tuple[int, float, float]
+
+
+def _time_prefill(engine: LLMEngine) -> tuple[float, list[Sample]]:
+    """Seconds per prompt token of one whole-prompt prefill step, and its step's sample."""
     scheduler_config = engine.config.scheduler
     num_tokens = min(_TIMING_PROMPT_TOKENS, scheduler_config.max_num_batched_tokens,
                      scheduler_config.max_model_len - 2)  # fmt: skip
     # a distinct prompt, so the prefix cache of the runs below cannot shorten it
     prompt = list(reversed(_prompt_ids(engine, num_tokens)))
-    engine.add_request({"prompt_token_ids": prompt}, _greedy(1), "superinfer-warmup-prefill")
     start = time.perf_counter()
-    _run_until_done(engine, "superinfer-warmup-prefill")
-    return (time.perf_counter() - start) / len(prompt)
+    samples = _prefill_samples(engine, "superinfer-warmup-prefill", prompt)
+    return (time.perf_counter() - start) / len(prompt), samples
+
+
+def _time_long_prefill(engine: LLMEngine) -> list[Sample]:
+    """The samples of a prompt of `_LONG_PROMPT_CHUNKS` full step budgets (fewer where the
+    model length or the device pool is smaller); none if it would fit one step."""
+    config = engine.config
+    budget = config.scheduler.max_num_batched_tokens
+    num_tokens = min(_LONG_PROMPT_CHUNKS * budget, config.scheduler.max_model_len - 2,
+                     engine.snapshot().num_device_blocks * config.cache.block_size // 2)  # fmt: skip
+    if num_tokens <= budget:
+        return []
+    # shifted by one token: no block in common with the earlier prompts
+    prompt = _prompt_ids(engine, num_tokens + 1)[1:]
+    return _prefill_samples(engine, "superinfer-warmup-long-prefill", prompt)
+
+
+def _prefill_samples(engine: LLMEngine, request_id: str, prompt: list[int]) -> list[Sample]:
+    """Prefill `prompt` alone (one output token); each step's (prompt tokens, attention
+    pairs, seconds)."""
+    records: list[StepRecord] = []
+    remove_observer = engine.add_step_observer(records.append)
+    try:
+        engine.add_request({"prompt_token_ids": prompt}, _greedy(1), request_id)
+        _run_until_done(engine, request_id)
+    finally:
+        remove_observer()
+    shapes = [(BatchShape.of(r.forward.batch), r.wall_s) for r in records if r.forward]
+    return [(s.num_prefill_tokens, s.num_prefill_pairs, wall_s)
+            for s, wall_s in shapes if s.num_prefill_tokens and not s.num_decode_tokens]  # fmt: skip
 
 
 def _grid_batch_sizes(engine: LLMEngine) -> list[int]:

@@ -52,7 +52,11 @@ class SimAdmission:
         self.admission = Admission(max_num_queued_reqs, max_num_queued_tokens, slo.class_names)
         num = _PREFILL_PROBE_TOKENS
         prefill = BatchShape(1, num, 0, 1, num * (num + 1) / 2, 0, 0)
-        self.prefill_cost = PrefillCost(step_seconds(predictor, prefill) / num)
+        # the server's warm-up seeds: a prompt in one step, a long one's second chunk
+        second = BatchShape(1, num, 0, 1, num * (num + (num + 1) / 2), 0, num)
+        seeds = [(s.num_prefill_tokens, s.num_prefill_pairs, step_seconds(predictor, s))
+                 for s in (prefill, second)]  # fmt: skip
+        self.prefill_cost = PrefillCost(step_seconds(predictor, prefill) / num, seeds=seeds)
         self.idle_step_s = step_seconds(predictor, BatchShape(1, 0, 1, 1, 0.0, 1, 0))
         self.step_time_s = 0.0
         self.decode_step_s = 0.0  # the same average over steps without prefill tokens

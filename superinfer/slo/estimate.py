@@ -466,8 +466,11 @@ class PrefillCost:
     """What prefill costs in the steps the engine serves, learned as they run: seconds per
     prompt token and per attention (query, key) pair, the least-squares fit (no intercept,
     neither negative) of the last `window` steps that carried at least `min_tokens` prompt
-    tokens, each step's time less a decode step's. Until `min_samples` such steps, the
-    warm-up's `prior_s_per_token` (an idle engine's whole prompt; pairs not priced apart).
+    tokens, each step's time less a decode step's. Until `min_samples` such steps, the fit of
+    the warm-up's `seeds` (num_tokens, num_pairs, seconds), else its `prior_s_per_token` (an
+    idle engine's whole prompt; pairs not priced apart). The seeds stay in the window until
+    served steps push them out: the first served prefills are mostly short, and a fit of
+    short prompts alone cannot price a long prompt's attention pairs.
 
     Served steps share the machine with the HTTP front, tokenization and the clients, and
     carry decodes and long prompts' later chunks: an idle warm-up's one prompt says less
@@ -475,11 +478,16 @@ class PrefillCost:
     """
 
     def __init__(self, prior_s_per_token: float = 0.0, window: int = 128, min_samples: int = 8,
-                 min_tokens: int = 32) -> None:  # fmt: skip
+                 min_tokens: int = 32,
+                 seeds: Sequence[tuple[float, float, float]] = ()) -> None:  # fmt: skip
         self.prior_s_per_token = prior_s_per_token
         self.min_samples, self.min_tokens = min_samples, min_tokens
         self._samples: deque[tuple[float, float, float]] = deque(maxlen=window)
         self.per_token_s, self.per_pair_s = prior_s_per_token, 0.0
+        for num_tokens, num_pairs, seconds in seeds:
+            self._samples.append((float(num_tokens), float(num_pairs), max(0.0, seconds)))
+        if self._samples:
+            self.per_token_s, self.per_pair_s = _fit_two(self._samples)
 
     def observe(self, num_tokens: int, num_pairs: float, excess_s: float) -> None:
         """One served step with `num_tokens` prompt tokens making `num_pairs` attention

@@ -30,3 +30,22 @@ def test_the_grid_anchors_the_model_only_when_steps_are_shaped(is_shaped):
             assert engine.scheduler._step_limit(engine.clock()) is None  # nothing running
     finally:
         engine.close()
+
+
+def test_the_warm_up_times_a_long_prompts_chunks_for_the_prefill_cost():
+    """Besides the one-step prompt, a prompt of two step budgets: its second chunk attends
+    to the first, so the samples tell attention pairs apart from tokens."""
+    engine = LLMEngine(EngineConfig.from_flat(
+        dtype="float32", device="cpu", max_model_len=1024, num_device_blocks=128,
+        num_host_blocks=64, max_num_batched_tokens=128,
+    ))  # fmt: skip
+    try:
+        report = warm_up(engine)
+        pairs_per_token = [pairs / tokens for tokens, pairs, _ in report.prefill_samples]
+        assert [tokens for tokens, _, _ in report.prefill_samples] == [128, 128, 128]
+        assert pairs_per_token[2] == pytest.approx(128 + 129 / 2)  # after 128 cached
+        assert pairs_per_token[0] == pytest.approx(pairs_per_token[1]) == pytest.approx(129 / 2)
+        assert all(seconds > 0 for _, _, seconds in report.prefill_samples)
+        engine.check_invariants()
+    finally:
+        engine.close()

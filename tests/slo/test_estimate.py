@@ -136,6 +136,29 @@ def test_prefill_cost_learns_per_token_and_per_pair_from_served_steps():
     assert cost.per_pair_s == pytest.approx(1e-6, rel=0.2)
 
 
+def test_warm_up_seeds_price_a_long_prompts_pairs_before_and_after_short_served_steps():
+    """The first served prefills are short prompts, one shape each: fitted alone they price
+    everything per token and underestimate a 1,000-token prompt. The warm-up's seeds (a
+    prompt in one step, a long one's second chunk) keep the pairs in the fit."""
+    per_token, per_pair = 0.4e-3, 0.4e-6  # the machine
+    def seconds(tokens: int, context: int) -> float:
+        return per_token * tokens + per_pair * tokens * (context + (tokens + 1) / 2)
+    seeds = [(256, 256 * 128.5, seconds(256, 0)), (512, 512 * 768.5, seconds(512, 512))]
+    seeded = PrefillCost(prior_s_per_token=seconds(256, 0) / 256, min_samples=8, seeds=seeds)
+    unseeded = PrefillCost(prior_s_per_token=seconds(256, 0) / 256, min_samples=8)
+    assert seeded.per_token_s == pytest.approx(per_token)
+    assert seeded.per_pair_s == pytest.approx(per_pair)
+    for cost in (seeded, unseeded):
+        for _ in range(12):  # short prompts served
+            cost.observe(60, 60 * 30.5, seconds(60, 0))
+    long_prompt = seconds(512, 0) + seconds(512, 512)  # 1,024 tokens in two chunks
+    def estimate(cost: PrefillCost) -> float:
+        return sum(cost.per_token_s * 512 + cost.per_pair_s * pairs
+                   for pairs in (512 * 256.5, 512 * 768.5))  # fmt: skip
+    assert estimate(seeded) == pytest.approx(long_prompt, rel=0.02)
+    assert estimate(unseeded) < 0.8 * long_prompt
+
+
 def test_a_served_step_counts_its_time_beyond_its_decodes_as_prefill():
     cost = PrefillCost(min_samples=1, min_tokens=1)
     mixed = BatchShape.of_lists([100, 1, 1], [0, 50, 50])  # a prompt beside two decodes
