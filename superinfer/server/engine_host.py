@@ -156,9 +156,13 @@ class EngineHost:
         step_time = (
             snapshot.step_time_s if is_busy and snapshot.step_time_s else self.warmup_step_time_s
         )
+        # the warm-up's cost per token until the engine has learned its costs; a learned fit
+        # may put everything on pairs, and its 0 per token must stay 0
+        is_learned = bool(snapshot.prefill_s_per_token or snapshot.prefill_s_per_pair)
         return Load(
             queued=self.engine.queued(), step_time_s=step_time,
-            prefill_s_per_token=snapshot.prefill_s_per_token or self.warmup_prefill_s_per_token,
+            prefill_s_per_token=(snapshot.prefill_s_per_token if is_learned
+                                 else self.warmup_prefill_s_per_token),
             prefill_s_per_pair=snapshot.prefill_s_per_pair,
             num_batched_tokens=self.engine_config.scheduler.max_num_batched_tokens,
             num_shaped_batched_tokens=snapshot.num_prefill_tokens_per_step,

@@ -59,7 +59,7 @@ def warm_up(engine: LLMEngine) -> WarmupReport:
     if rotated != plain:
         raise WarmupError(f"tokens changed across a KV rotation: {plain} vs {rotated}")
     logger.info("Warm-up 3/3: timing a whole-prompt prefill and a long prompt's chunks")
-    # after the first forwards warmed the kernels
+    _warm_prefill_shapes(engine)
     prefill_s_per_token, samples = _time_prefill(engine)
     samples += _time_long_prefill(engine)
     if engine.config.scheduler.tbt_shaped_steps:
@@ -98,6 +98,18 @@ def _time_prefill(engine: LLMEngine) -> tuple[float, list[Sample]]:
     start = time.perf_counter()
     samples = _prefill_samples(engine, "superinfer-warmup-prefill", prompt)
     return (time.perf_counter() - start) / len(prompt), samples
+
+
+def _warm_prefill_shapes(engine: LLMEngine) -> None:
+    """An untimed prompt of one and a half step budgets, so the timed prefills below run
+    warm: the first step of a new row count builds its kernels (oneDNN primitives) and
+    touches fresh buffers, and took up to twice as long."""
+    config = engine.config
+    budget = config.scheduler.max_num_batched_tokens
+    num_tokens = min(budget + budget // 2, config.scheduler.max_model_len - 2,
+                     engine.snapshot().num_device_blocks * config.cache.block_size // 2)  # fmt: skip
+    prompt = _prompt_ids(engine, num_tokens + 2)[2:]  # shifted: no block in common
+    _prefill_samples(engine, "superinfer-warmup-shapes", prompt)
 
 
 def _time_long_prefill(engine: LLMEngine) -> list[Sample]:
