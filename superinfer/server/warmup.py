@@ -1,7 +1,8 @@
 """Warm-up before the server reports healthy: a real request through prefill and decode,
 and a KV rotation round trip through the host tier (swapped out mid-decode, swapped back
 in, and its greedy tokens must equal the undisturbed run's). It also measures the prefill
-cost per token and the decode step time that admission estimates start from. With
+cost of a short prompt and of a long prompt's chunks, and the decode step time, that
+admission estimates start from. With
 `--tbt-shaped-steps` it also times a small grid of batches (several sequences decoding at
 once, a batched prefill): with the steps above they anchor the step-time model the
 scheduler shapes steps by.
@@ -103,7 +104,7 @@ def _time_prefill(engine: LLMEngine) -> tuple[float, list[Sample]]:
 def _warm_prefill_shapes(engine: LLMEngine) -> None:
     """An untimed prompt of one and a half step budgets, so the timed prefills below run
     warm: the first step of a new row count builds its kernels (oneDNN primitives) and
-    touches fresh buffers, and took up to twice as long."""
+    touches fresh buffers (a long prompt's second chunk took 398 against 335 ms warm)."""
     config = engine.config
     budget = config.scheduler.max_num_batched_tokens
     num_tokens = min(budget + budget // 2, config.scheduler.max_model_len - 2,
