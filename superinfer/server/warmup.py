@@ -34,6 +34,9 @@ _GRID_PROMPT_TOKENS = 20
 _LONG_PROMPT_CHUNKS = 2  # the long timing prompt, in full step budgets
 
 
+Sample = tuple[int, float, float]  # a prefill step's (prompt tokens, attention pairs, seconds)
+
+
 class WarmupError(RuntimeError):
     """The warm-up found the engine not working."""
 
@@ -43,9 +46,9 @@ class WarmupReport:
     prefill_s_per_token: float
     step_time_s: float
     seconds: float
-    # each timed prefill step's (prompt tokens, attention pairs, seconds): a short prompt in
-    # one step and a long one in full-budget chunks, so pairs are priced apart from tokens
-    prefill_samples: tuple[tuple[int, float, float], ...] = ()
+    # each timed prefill step's: a short prompt in one step and a long one in full-budget
+    # chunks, so pairs are priced apart from tokens
+    prefill_samples: tuple[Sample, ...] = ()
 
 
 def warm_up(engine: LLMEngine) -> WarmupReport:
@@ -86,9 +89,6 @@ def _greedy(max_tokens: int) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
 
 
-Sample = tuple[int, float, float]
-
-
 def _time_prefill(engine: LLMEngine) -> tuple[float, list[Sample]]:
     """Seconds per prompt token of one whole-prompt prefill step, and its step's sample."""
     scheduler_config = engine.config.scheduler
@@ -105,10 +105,8 @@ def _warm_prefill_shapes(engine: LLMEngine) -> None:
     """An untimed prompt of one and a half step budgets, so the timed prefills below run
     warm: the first step of a new row count builds its kernels (oneDNN primitives) and
     touches fresh buffers (a long prompt's second chunk took 398 against 335 ms warm)."""
-    config = engine.config
-    budget = config.scheduler.max_num_batched_tokens
-    num_tokens = min(budget + budget // 2, config.scheduler.max_model_len - 2,
-                     engine.snapshot().num_device_blocks * config.cache.block_size // 2)  # fmt: skip
+    budget = engine.config.scheduler.max_num_batched_tokens
+    num_tokens = _fitting_prompt_len(engine, budget + budget // 2)
     prompt = _prompt_ids(engine, num_tokens + 2)[2:]  # shifted: no block in common
     _prefill_samples(engine, "superinfer-warmup-shapes", prompt)
 
@@ -116,15 +114,20 @@ def _warm_prefill_shapes(engine: LLMEngine) -> None:
 def _time_long_prefill(engine: LLMEngine) -> list[Sample]:
     """The samples of a prompt of `_LONG_PROMPT_CHUNKS` full step budgets (fewer where the
     model length or the device pool is smaller); none if it would fit one step."""
-    config = engine.config
-    budget = config.scheduler.max_num_batched_tokens
-    num_tokens = min(_LONG_PROMPT_CHUNKS * budget, config.scheduler.max_model_len - 2,
-                     engine.snapshot().num_device_blocks * config.cache.block_size // 2)  # fmt: skip
+    budget = engine.config.scheduler.max_num_batched_tokens
+    num_tokens = _fitting_prompt_len(engine, _LONG_PROMPT_CHUNKS * budget)
     if num_tokens <= budget:
         return []
     # shifted by one token: no block in common with the earlier prompts
     prompt = _prompt_ids(engine, num_tokens + 1)[1:]
     return _prefill_samples(engine, "superinfer-warmup-long-prefill", prompt)
+
+
+def _fitting_prompt_len(engine: LLMEngine, num_tokens: int) -> int:
+    """`num_tokens`, or less where the model length or half the device pool is smaller."""
+    config = engine.config
+    num_pool_tokens = engine.snapshot().num_device_blocks * config.cache.block_size
+    return min(num_tokens, config.scheduler.max_model_len - 2, num_pool_tokens // 2)
 
 
 def _prefill_samples(engine: LLMEngine, request_id: str, prompt: list[int]) -> list[Sample]:
