@@ -15,7 +15,8 @@
   request keeps its TPOT as well as its first token, and a promise already made is not
   broken to make a new one;
 - 425 `slo_infeasible` (reason `kv_infeasible`) when such a request's KV, with what every
-  admitted request will hold when done, would not fit the device pool and half the host
+  admitted request will hold at the same time (each growing to its final size until its
+  kept promise ends it, `slo/kv_peak.py`), would not fit the device pool and half the host
   tier (up to the policy's guard; the rest is room to rotate in), less 10% for each class
   above its own that is arriving lately: room for it could only come from dropping an
   admitted request's KV for recompute, breaking a promise already made, and the classes
@@ -59,6 +60,7 @@ class Demand:
     ttft_deadline: float = math.inf  # arrival + its TTFT target (its place in the queue)
     elapsed_s: float = 0.0  # spent since arrival, before admission
     tbt_s: float | None = None  # its TBT target (None: not checked)
+    promised_tbt_s: float = 0.0  # its TBT target, checked or not (0: none)
 
 
 @dataclass
@@ -140,13 +142,13 @@ class Admission:
             return
         num_committed, num_capacity = self.estimator.kv_commitment(
             load, demand.num_prompt_tokens, demand.max_tokens, demand.slo_class,
-            self.offered.rates(load.now),
+            self.offered.rates(load.now), demand.promised_tbt_s, demand.ttft_deadline,
         )  # fmt: skip
         if num_committed > num_capacity:
             raise APIError(
                 425,
                 f"the KV cache is committed: the admitted requests and this one would hold "
-                f"{num_committed} KV blocks when done, the device and host tiers hold "
+                f"{num_committed} KV blocks at once, the device and host tiers hold "
                 f"{num_capacity} for its class",
                 "slo_infeasible", reason="kv_infeasible",
             )  # fmt: skip

@@ -201,7 +201,7 @@ class EngineHost:
         demand = Demand(
             len(prepared.prompt_token_ids), expected_tokens, slo.targets.slo_class,
             arrival.monotonic + slo.targets.ttft_s, now - arrival.monotonic,
-            tbt_s=None if tbt_ms is None else tbt_ms / 1000.0,
+            tbt_s=None if tbt_ms is None else tbt_ms / 1000.0, promised_tbt_s=slo.targets.tbt_s,
         )  # fmt: skip
         ttft_ms = slo.binding_ttft_ms if self.config.reject_infeasible_ttft else None
         estimate = self.admission.check(

@@ -75,7 +75,8 @@ class SimAdmission:
         targets = request.slo
         demand = Demand(request.num_prompt_tokens, request.sampling_params.max_tokens or 1,
                         targets.slo_class, request.arrival_time + targets.ttft_s, 0.0,
-                        targets.tbt_s if self.is_reject_infeasible_tbt else None)  # fmt: skip
+                        targets.tbt_s if self.is_reject_infeasible_tbt else None,
+                        targets.tbt_s)  # fmt: skip
         slo_class = self.slo.get(targets.slo_class) if targets.slo_class else None
         is_reject = slo_class is None or slo_class.reject_infeasible
         try:

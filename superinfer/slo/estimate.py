@@ -66,6 +66,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from superinfer.core.step_time import BatchShape
+from superinfer.slo.kv_peak import KvHold, peak_kv_blocks, promised_finish_s
 
 # No device-memory release seen recently while memory is short: the wait is unknown, and
 # long. The estimate uses this instead of infinity so that it stays a number.
@@ -322,8 +323,12 @@ class Estimator:
         max_tokens: int,
         slo_class: str | None,
         classes_offered: Collection[str | None] = (),
+        tbt_s: float = 0.0,
+        ttft_deadline: float = math.inf,
     ) -> tuple[int, int]:
-        """(KV blocks the admitted requests, every class, and this one hold when done; the
+        """(KV blocks the admitted requests, every class, and this one, with TBT target
+        `tbt_s` and first token due at `ttft_deadline`, hold at once at most if every
+        promise is kept (`kv_peak.py`); the
         blocks this request's class may commit: the device pool, and `HOST_COMMIT_SHARE` of
         the host tier up to the policy's guard when the policy rotates (the rest is room to
         rotate in, which only the most important class asking may commit, when lower
@@ -332,10 +337,10 @@ class Estimator:
         some admitted request would have to be dropped and recomputed to make room: a
         promise broken. The headroom keeps room for the classes above that are asking for
         it: under overload bronze is refused before gold is."""
-        finals = [d.num_final_tokens for d in load.decoding]
-        finals += [q.num_final_tokens or q.num_tokens for q in load.queued]
-        finals.append(num_prompt_tokens + max(1, max_tokens))
-        num_committed = sum(_blocks(n - 1, load.block_size) for n in finals)
+        new = Queued(ttft_deadline, num_prompt_tokens, slo_class,
+                     num_prompt_tokens + max(1, max_tokens), tbt_s)  # fmt: skip
+        step_s = load.decode_step_s or load.step_time_s  # the fastest a request grows
+        num_committed = peak_kv_blocks(kv_holds(load, (*load.queued, new)), step_s, load.block_size)
         rank = self.rank(slo_class)
         num_above = sum(1 for name in set(classes_offered) if self.rank(name) < rank)
         # the most important class asking, with lower ones asking too, may commit the
@@ -371,6 +376,28 @@ class Estimator:
             else:
                 num_at_or_above += blocks
         return num_at_or_above, num_below
+
+
+def kv_holds(load: EngineLoad, queued: Sequence[Queued]) -> list[KvHold]:
+    """The KV of `load`'s decoding requests and of `queued` over the time ahead: what each
+    holds now (a queued one, its prompt), its final size, and when its kept promise frees
+    it (a request past its promise is freed no sooner than a step per remaining token)."""
+    step_s = load.decode_step_s or load.step_time_s
+    holds = []
+    for d in load.decoding:
+        if d.first_token_time is None:  # still prefilling: its prompt's rest, then a step
+            start_s = d.num_prefill_tokens * load.prefill_s_per_token + step_s
+        else:
+            start_s = d.first_token_time - load.now
+        finish_s = promised_finish_s(start_s, d.num_gaps + 1, d.tbt_s)
+        holds.append(KvHold(d.num_final_tokens - d.num_remaining, d.num_final_tokens,
+                            max(finish_s, d.num_remaining * step_s)))  # fmt: skip
+    for q in queued:
+        num_final = q.num_final_tokens or q.num_tokens
+        finish_s = promised_finish_s(max(0.0, q.deadline - load.now), num_final - q.num_tokens,
+                                     q.tbt_s)  # fmt: skip
+        holds.append(KvHold(q.num_tokens, num_final, finish_s))
+    return holds
 
 
 def _blocks(num_tokens: int, block_size: int) -> int:

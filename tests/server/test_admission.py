@@ -179,6 +179,28 @@ def test_the_admission_quantile_is_checked() -> None:
             ServerConfig(admission_quantile=bad)
 
 
+def test_kv_requests_their_promises_end_soon_make_room_for_a_new_one():
+    """An admitted request frees its KV when its kept promise ends it: seven requests due
+    to finish within a second leave room for a long one beside them, which counting every
+    request at its final size refused. Requests without a TBT target count in full."""
+
+    def finishing(tbt_s: float) -> Decoding:  # 150 of its 160 tokens held, 10 to come
+        return Decoding(tbt_s, 100, 10, -9.0, slo_class="bronze", num_final_tokens=160)
+
+    tiers = {"step_time_s": 0.05, "prefill_s_per_token": 0.002, "block_size": 16,
+             "num_device_blocks": 40, "num_host_blocks": 100, "num_free_host_blocks": 100,
+             "host_admission_guard": 0.9, "is_preempt_by_swap": True}  # fmt: skip
+    # done by 1 s (first token 9 s ago, 100 gaps of 0.1 s); 85 blocks committable
+    soon = Load(**tiers, decoding=tuple(finishing(0.1) for _ in range(7)))
+    check(soon, prompt=100, max_tokens=141, ttft_ms=5000, slo_class="gold")  # 70 + 8 at 1 s
+    with pytest.raises(APIError) as info:  # 70 + 18 blocks (280 tokens) just before 1 s
+        check(soon, prompt=260, max_tokens=141, ttft_ms=5000, slo_class="gold")
+    assert (info.value.status, info.value.reason) == (425, "kv_infeasible")
+    unbounded = Load(**tiers, decoding=tuple(finishing(0.0) for _ in range(7)))
+    with pytest.raises(APIError):  # 70 + 16 blocks: the sum of the final sizes
+        check(unbounded, prompt=100, max_tokens=141, ttft_ms=5000, slo_class="gold")
+
+
 def test_kv_the_admitted_requests_hold_when_done_beyond_both_tiers_is_425():
     """Every admitted request, whatever its class, keeps room for its KV to the end: past
     the device pool plus the committed half of the host tier up to the guard, making room

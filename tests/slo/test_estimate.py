@@ -20,6 +20,7 @@ from superinfer.slo.estimate import (
     Queued,
     ReleaseRate,
     TokenRate,
+    kv_holds,
 )
 from tests.factories import make_request, make_scheduler
 
@@ -423,3 +424,23 @@ def test_a_token_rate_nobody_reads_keeps_only_its_window():
         rate.add(float(second), None, 5)
     assert len(rate._admitted) <= 11
     assert rate.rates(999.0) == {None: pytest.approx(5.5)}  # 11 x 5 tokens over 10 s
+
+
+def test_kv_holds_end_each_request_when_its_kept_promise_does():
+    load = base(now=100.0, step_time_s=0.1, prefill_s_per_token=0.001, decoding=(
+        # first token 2 s ago, 10 gaps of 0.5 s: done 3 s from now
+        Decoding(0.5, 10, 4, 98.0, num_final_tokens=60),
+        # past its promise (due 1 s ago): freed no sooner than a step per token left
+        Decoding(0.1, 10, 20, 98.0, num_final_tokens=60),
+        # still prefilling 300 tokens: its first token in 0.3 s + a step, then 10 gaps
+        Decoding(0.2, 10, 11, None, num_prefill_tokens=300, num_final_tokens=400),
+        Decoding(0.0, 10, 11, 99.0, num_final_tokens=60),  # no TBT target: no bound
+    ))  # fmt: skip
+    queued = (Queued(101.0, 50, num_final_tokens=70, tbt_s=0.2),)  # first token by 1 s
+    holds = kv_holds(load, queued)
+    assert [(h.num_tokens, h.num_final_tokens) for h in holds] == [
+        (56, 60), (40, 60), (389, 400), (49, 60), (50, 70)]  # fmt: skip
+    finishes = [h.finish_s for h in holds]
+    assert finishes[:3] == pytest.approx([3.0, 2.0, 0.4 + 10 * 0.2])
+    assert finishes[3] == float("inf")
+    assert finishes[4] == pytest.approx(1.0 + 19 * 0.2)
