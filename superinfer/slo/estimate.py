@@ -142,6 +142,12 @@ class EngineLoad:
     step_left_s: float = 0.0  # until the step in flight ends (0: none, or not known)
 
     @property
+    def decode_only_step_s(self) -> float:
+        """One step without prompt tokens (the mean step while that is not measured): the
+        pace of decoding, and the fastest a request's KV grows."""
+        return self.decode_step_s or self.step_time_s
+
+    @property
     def num_queued(self) -> int:
         return len(self.queued)
 
@@ -222,7 +228,7 @@ class Estimator:
         budget = max(1, self.step_budget(load, slo_class))
         num_steps = -(-num_prefill // budget)
         # the prefill costs are a step's time beyond its decodes' (`PrefillCost`)
-        step_s = load.decode_step_s or load.step_time_s
+        step_s = load.decode_only_step_s
         compute_s = (load.step_left_s + num_prefill * load.prefill_s_per_token
                      + num_pairs * load.prefill_s_per_pair + num_steps * step_s)  # fmt: skip
         # prompt work behind it fills what its last step has left of the budget: lower
@@ -258,7 +264,7 @@ class Estimator:
         """The mean gap between `max_tokens` tokens of a new request, and how many decoding
         requests its prompt would push past `headroom` times their TPOT budget."""
         # the step once the queued requests and this one join the batch, by the per-row cost
-        step_s = (load.decode_step_s or load.step_time_s) + load.num_queued * load.decode_row_s
+        step_s = load.decode_only_step_s + load.num_queued * load.decode_row_s
         step_after_s = step_s + load.decode_row_s
         per_token_s = load.prefill_s_per_token
         chunk_s = load.num_batched_tokens * per_token_s  # the most prefill one step carries
@@ -328,19 +334,19 @@ class Estimator:
     ) -> tuple[int, int]:
         """(KV blocks the admitted requests, every class, and this one, with TBT target
         `tbt_s` and first token due at `ttft_deadline`, hold at once at most if every
-        promise is kept (`kv_peak.py`); the
-        blocks this request's class may commit: the device pool, and `HOST_COMMIT_SHARE` of
-        the host tier up to the policy's guard when the policy rotates (the rest is room to
-        rotate in, which only the most important class asking may commit, when lower
-        classes are asking too), less `KV_HEADROOM_PER_CLASS` for each
-        class above it among `classes_offered`, those arriving lately). Past the whole,
+        promise is kept (`kv_peak.py`); the blocks this request's class may commit: the
+        device pool, and `HOST_COMMIT_SHARE` of the host tier up to the policy's guard when
+        the policy rotates (the rest is room to rotate in, which only the most important
+        class asking may commit, when lower classes are asking too), less
+        `KV_HEADROOM_PER_CLASS` for each class above it among `classes_offered`, those
+        arriving lately). Past the whole,
         some admitted request would have to be dropped and recomputed to make room: a
         promise broken. The headroom keeps room for the classes above that are asking for
         it: under overload bronze is refused before gold is."""
         new = Queued(ttft_deadline, num_prompt_tokens, slo_class,
                      num_prompt_tokens + max(1, max_tokens), tbt_s)  # fmt: skip
-        step_s = load.decode_step_s or load.step_time_s  # the fastest a request grows
-        num_committed = peak_kv_blocks(kv_holds(load, (*load.queued, new)), step_s, load.block_size)
+        num_committed = peak_kv_blocks(kv_holds(load, (*load.queued, new)), load.decode_only_step_s,
+                                       load.block_size)  # fmt: skip
         rank = self.rank(slo_class)
         num_above = sum(1 for name in set(classes_offered) if self.rank(name) < rank)
         # the most important class asking, with lower ones asking too, may commit the
@@ -382,7 +388,7 @@ def kv_holds(load: EngineLoad, queued: Sequence[Queued]) -> list[KvHold]:
     """The KV of `load`'s decoding requests and of `queued` over the time ahead: what each
     holds now (a queued one, its prompt), its final size, and when its kept promise frees
     it (a request past its promise is freed no sooner than a step per remaining token)."""
-    step_s = load.decode_step_s or load.step_time_s
+    step_s = load.decode_only_step_s
     holds = []
     for d in load.decoding:
         if d.first_token_time is None:  # still prefilling: its prompt's rest, then a step
