@@ -1,6 +1,7 @@
-"""Where the int4 kernel beats the dense layer, by rows in a step: the default model's
-linear layers, int4 (`aten._weight_int4pack_mm_for_cpu` on the GGUF blocks) against the
-dense bfloat16 copy (oneDNN, prepacked), what `--quantization auto` chooses between.
+"""Which kernel is fastest, by rows in a step: the default model's linear layers, int4
+(`aten._weight_int4pack_mm_for_cpu` on the GGUF blocks), the 4-bit GEMM (`cpu_q4`, the
+same blocks) and a dense bfloat16 copy (oneDNN, prepacked): what `--quantization auto`
+chooses between (the 4-bit GEMM takes the 4-bit layers, not lm_head's Q8_0).
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/int4_rows.py \\
         --out docs/results/models/int4_rows.json
@@ -8,9 +9,9 @@ dense bfloat16 copy (oneDNN, prepacked), what `--quantization auto` chooses betw
 A decode step streams every layer's weights from memory once, so one layer called again
 and again (its weights in cache) would flatter both kernels: each measurement is a sweep
 over all the layers, one projection kind at a time (q/k/v, o, gate/up, down), and lm_head
-on its own (one matrix of 49152 x 576, larger than the caches). Rounds alternate the order
-of the two kernels; medians over the rounds. Prints, per row count, the time of each kind
-summed over the layers and which kernel is faster, and where `auto` switches.
+on its own (one matrix of 49152 x 576, larger than the caches). Rounds rotate the order of
+the kernels; medians over the rounds. Prints, per row count, the time of each kind summed
+over the layers and which kernel is fastest, and where `auto` switches.
 """
 
 from __future__ import annotations
@@ -25,14 +26,14 @@ import torch
 
 from superinfer.model.cpu_linear import pack_linears
 from superinfer.model.loader import AUTO_MAX_INT4_ROWS, default_model_path, load_gguf_model
-from superinfer.model.quant import LM_HEAD_MAX_INT4_ROWS, Int4Linear
+from superinfer.model.quant import LM_HEAD_MAX_INT4_ROWS, Q4_GEMM_MAX_INT4_ROWS, Int4Linear
 
 KINDS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 
 
-def sweep_ms(layers: list[torch.nn.Module], num_rows: int) -> float:
+def sweep_ms(layers: list, num_in: int, num_rows: int) -> float:
     """One call on every layer of `layers`, in order; the wall time in ms."""
-    x = torch.randn(num_rows, layers[0].in_features, dtype=torch.bfloat16)
+    x = torch.randn(num_rows, num_in, dtype=torch.bfloat16)
     start = time.perf_counter()
     for layer in layers:
         layer(x)
@@ -48,38 +49,50 @@ def main() -> None:
     torch.set_num_threads(2)
     cpu, path = torch.device("cpu"), default_model_path()
     models = {"int4": load_gguf_model(path, torch.bfloat16, cpu, "gguf")[0],
-              "dense": load_gguf_model(path, torch.bfloat16, cpu, "none")[0]}  # fmt: skip
+              "dense": load_gguf_model(path, torch.bfloat16, cpu, "none")[0],
+              "q4": load_gguf_model(path, torch.bfloat16, cpu, "auto")[0]}  # fmt: skip
     pack_linears(models["dense"])
     groups = {kernel: {kind: [layer.get_submodule(kind) for layer in model.model.layers]
                        for kind in KINDS} | {"lm_head": [model.lm_head]}
               for kernel, model in models.items()}  # fmt: skip
     assert all(isinstance(m, Int4Linear) and m.dense is None for m in groups["int4"]["lm_head"])
+    groups["q4"] = {kind: [m.q4 for m in layers] for kind, layers in groups["q4"].items()
+                    if all(isinstance(m, Int4Linear) and m.q4 for m in layers)}  # fmt: skip
+    kernels = tuple(groups)
     results = []
     with torch.inference_mode():
         for num_rows in (int(r) for r in args.rows.split(",")):
             row: dict = {"rows": num_rows}
             for kind in (*KINDS, "lm_head"):
-                times: dict[str, list[float]] = {"int4": [], "dense": []}
+                present = [k for k in kernels if kind in groups[k]]
+                num_in = groups["int4"][kind][0].in_features
+                times: dict[str, list[float]] = {k: [] for k in present}
                 for i in range(args.rounds + 1):
-                    for kernel in ("int4", "dense") if i % 2 else ("dense", "int4"):
-                        ms = sweep_ms(groups[kernel][kind], num_rows)
+                    shift = i % len(present)
+                    for kernel in present[shift:] + present[:shift]:
+                        ms = sweep_ms(groups[kernel][kind], num_in, num_rows)
                         if i:  # the first round warms oneDNN's primitives up
                             times[kernel].append(ms)
                 row[kind] = {k: round(statistics.median(v), 3) for k, v in times.items()}
-            sums = {k: round(sum(row[kind][k] for kind in KINDS), 3) for k in ("int4", "dense")}
+            sums = {k: round(sum(row[kind][k] for kind in KINDS), 3) for k in kernels}
             row["layers"] = sums
             results.append(row)
-            faster = "int4" if sums["int4"] < sums["dense"] else "dense"
-            print(f"{num_rows:4d} rows   layers: int4 {sums['int4']:7.2f} ms, dense "
-                  f"{sums['dense']:7.2f} ms ({faster})   lm_head: int4 "
-                  f"{row['lm_head']['int4']:6.2f} ms, dense {row['lm_head']['dense']:6.2f} ms",
-                  flush=True)  # fmt: skip
-    print(f"auto: int4 up to {AUTO_MAX_INT4_ROWS} rows, lm_head up to {LM_HEAD_MAX_INT4_ROWS}")
+            fastest = min(sums, key=sums.get)
+            layers = ", ".join(f"{k} {v:7.2f} ms" for k, v in sums.items())
+            head = ", ".join(f"{k} {v:6.2f} ms" for k, v in row["lm_head"].items())
+            print(
+                f"{num_rows:4d} rows   layers: {layers} ({fastest})   lm_head: {head}", flush=True
+            )
+    print(
+        f"auto: int4 up to {Q4_GEMM_MAX_INT4_ROWS} rows then the 4-bit GEMM "
+        f"({AUTO_MAX_INT4_ROWS} then dense without it), lm_head up to {LM_HEAD_MAX_INT4_ROWS}"
+    )
     if args.out:
         out = {"command": "benchmarks/int4_rows.py " + " ".join(
                    f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None),
                "threads": torch.get_num_threads(), "torch": torch.__version__,
                "auto_max_int4_rows": AUTO_MAX_INT4_ROWS,
+               "q4_gemm_max_int4_rows": Q4_GEMM_MAX_INT4_ROWS,
                "lm_head_max_int4_rows": LM_HEAD_MAX_INT4_ROWS, "results": results}  # fmt: skip
         Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
 

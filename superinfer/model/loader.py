@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 QUANTIZATIONS = ("auto", "none", "gguf")
 AUTO_INT4 = True  # measured faster (single-request TPOT): benchmarks/quantized_decode.py
-AUTO_MAX_INT4_ROWS = 8  # auto: steps of more rows run the dense copy (benchmarks/int4_rows.py)
+AUTO_MAX_INT4_ROWS = 8  # auto: larger steps run a dense copy if no 4-bit GEMM (int4_rows.py)
 
 
 @dataclass(frozen=True)
@@ -86,8 +86,8 @@ def load_model(
     `quantization` (vLLM's `--quantization`): "gguf" runs a GGUF file's Q4_0, Q4_1 and Q8_0
     linear layers on their quantized weights (CPU, `superinfer.model.quant`); "none"
     dequantizes them to `dtype`; "auto" is "gguf" where that was measured faster
-    (`auto_quantizes`), for steps of up to AUTO_MAX_INT4_ROWS rows (decode of a few
-    sequences), keeping the dense layers for larger steps; else "none"."""
+    (`auto_quantizes`), for steps of a few rows (decode of a few sequences), with the 4-bit
+    GEMM of `cpu_q4` (or, for Q8_0 layers, dense copies) for larger steps; else "none"."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
     path = default_model_path() if model is None else resolve_model(model)

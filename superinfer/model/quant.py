@@ -12,6 +12,10 @@ are then rounded to bfloat16, the kernel's dtype):
   (the input is repeated once), the same bytes as the int8 values.
 
 Fused projections (q/k/v, gate/up) concatenate their GGUF tensors' rows, which is exact.
+
+Steps of more rows than the int4 kernel is fast for (prefill, batched decode) run, for the
+4-bit layers, the 4-bit GEMM of `cpu_q4` on the same weights, and for Q8_0 layers (and
+where that kernel cannot run) on a dense copy of the weights.
 """
 
 from __future__ import annotations
@@ -23,10 +27,14 @@ import torch
 from gguf import GGMLQuantizationType, ReaderTensor
 from torch import Tensor, nn
 
+from superinfer.model.cpu_q4 import Q4Weights, q4_kernel
+
 GROUP = 32
 # measured on the default model (benchmarks/int4_rows.py): the int4 lm_head is faster at
 # 1-2 rows (2.0 against 2.6 ms at 1), the dense one from 3 (2.6 against 4.3 ms at 4)
 LM_HEAD_MAX_INT4_ROWS = 2
+# the int4 kernel is faster up to 4 rows, the 4-bit GEMM from 8 (benchmarks/int4_rows.py)
+Q4_GEMM_MAX_INT4_ROWS = 4
 _DEQUANT_ROWS = 4096
 QUANT_TYPES = {
     GGMLQuantizationType.Q4_0: "Q4_0",
@@ -55,6 +63,7 @@ class Int4Linear(nn.Module):
         super().__init__()
         self.bias = bias
         self.dense: nn.Module | None = None  # see `keep_dense`
+        self.q4: Q4Weights | None = None  # see `keep_q4`
         self.max_int4_rows = sys.maxsize  # a plain attribute: read on every call
         self.in_features, self.out_features = in_features, nibbles.shape[0]
         self.num_planes = nibbles.shape[1] // in_features
@@ -87,9 +96,17 @@ class Int4Linear(nn.Module):
         rows on the default model, 1.8x slower at 32)."""
         self.dense, self.max_int4_rows = linear, max_int4_rows
 
+    def keep_q4(self, weights: Q4Weights, max_int4_rows: int) -> None:
+        """Run steps of more than `max_int4_rows` rows on the 4-bit GEMM (`cpu_q4`) over
+        `weights`, this layer's own packed for it: no dense copy."""
+        self.q4, self.max_int4_rows = weights, max_int4_rows
+
     def forward(self, x: Tensor) -> Tensor:
-        if x.shape[0] > self.max_int4_rows:  # only once `keep_dense` set a dense layer
-            return self.dense(x)
+        if x.shape[0] > self.max_int4_rows:  # only once `keep_dense` or `keep_q4` ran
+            if self.q4 is None:
+                return self.dense(x)
+            y = self.q4(x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16))
+            return y if y.dtype == x.dtype else y.to(x.dtype)
         dtype = x.dtype  # conversions only where needed: a decode step makes 120 calls
         if dtype != torch.bfloat16:
             x = x.to(torch.bfloat16)
@@ -101,7 +118,8 @@ class Int4Linear(nn.Module):
         return y if self.bias is None else y.add_(self.bias)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int4"
+        more = ", 4-bit GEMM" if self.q4 is not None else ", dense" if self.dense else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, int4{more}"
 
 
 class Q8Embedding(nn.Module):
@@ -189,9 +207,11 @@ def quantize_linears(
     """Swap the model's linear layers whose GGUF tensors are all Q4_0, Q4_1 or Q8_0 (the
     same planes' width) for Int4Linear; returns the names swapped. Call it after the
     weights are loaded (biases and tied embeddings are taken from the model). With
-    `max_int4_rows`, each keeps its dense layer for larger steps (`Int4Linear.keep_dense`);
-    lm_head switches sooner, after LM_HEAD_MAX_INT4_ROWS: on one (vocab, hidden) matrix
-    oneDNN's bfloat16 GEMM reads at full bandwidth (benchmarks/int4_rows.py)."""
+    `max_int4_rows`, larger steps run a 4-bit layer on the 4-bit GEMM after
+    Q4_GEMM_MAX_INT4_ROWS rows (`Int4Linear.keep_q4`) where it runs here, other layers on
+    a dense copy after `max_int4_rows` (`Int4Linear.keep_dense`); lm_head switches to its
+    dense copy sooner, after LM_HEAD_MAX_INT4_ROWS: on one (vocab, hidden) matrix oneDNN's
+    bfloat16 GEMM reads at full bandwidth (benchmarks/int4_rows.py)."""
     config = model.config
     sources = {"lm_head": ("output" if "output.weight" in tensors else "token_embd",)}
     for i in range(config.num_layers):
@@ -214,12 +234,17 @@ def quantize_linears(
         parent, _, child = name.rpartition(".")
         int4 = Int4Linear(*fused, linear.in_features, linear.bias)
         if max_int4_rows is not None:
-            # the dense copy computes what the kernel computes (same rounded scales): a
-            # request's tokens do not depend on how many rows shared its steps
-            weight = int4.dequantized(*fused, linear.weight.dtype)
-            linear.weight = nn.Parameter(weight, requires_grad=False)  # unties lm_head
-            head_rows = min(max_int4_rows, LM_HEAD_MAX_INT4_ROWS)
-            int4.keep_dense(linear, head_rows if name == "lm_head" else max_int4_rows)
+            # the larger steps compute with the int4 kernel's weights (same rounded scales):
+            # a request's tokens do not depend on how many rows shared its steps
+            q4 = q4_kernel() if int4.num_planes == 1 else None
+            rows = min(max_int4_rows, Q4_GEMM_MAX_INT4_ROWS if q4 else max_int4_rows)
+            rows = min(rows, LM_HEAD_MAX_INT4_ROWS) if name == "lm_head" else rows
+            if q4 is not None:
+                int4.keep_q4(q4.pack(*fused, linear.bias), rows)
+            else:
+                weight = int4.dequantized(*fused, linear.weight.dtype)
+                linear.weight = nn.Parameter(weight, requires_grad=False)  # unties lm_head
+                int4.keep_dense(linear, rows)
         setattr(model.get_submodule(parent), child, int4)
         swapped.append(name)
     return swapped

@@ -10,6 +10,7 @@ from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 from transformers import AutoModelForCausalLM, LlamaConfig
 
+from superinfer.model.cpu_q4 import q4_kernel
 from superinfer.model.loader import load_gguf_model
 from superinfer.model.quant import (
     LM_HEAD_MAX_INT4_ROWS,
@@ -115,27 +116,42 @@ def test_quantization_flag_values(tmp_path, hf_models) -> None:
 
 @needs_kernel
 @pytest.mark.parametrize("qtype", QTYPES[1:], ids=lambda q: q.name)
-def test_auto_runs_small_steps_on_int4_and_large_ones_dense(qtype, hf_models, tmp_path) -> None:
+def test_auto_runs_small_steps_on_int4_and_large_ones_on_the_same_weights(
+    qtype, hf_models, tmp_path
+) -> None:
+    """4-bit layers run larger steps on the 4-bit GEMM (no dense copy), Q8_0 ones on a
+    dense copy; either way on the weights the int4 kernel uses."""
     path = write_gguf(hf_models["llama"], tmp_path / "a.gguf", "llama", qtype)
     models = {q: load_gguf_model(str(path), torch.bfloat16, CPU, q)[0]
               for q in ("auto", "gguf", "none")}  # fmt: skip
     layers = {q: m.model.layers[0].mlp.gate_up_proj for q, m in models.items()}
-    assert isinstance(layers["auto"], Int4Linear) and layers["auto"].dense is not None
-    num_rows = layers["auto"].max_int4_rows + 5
+    auto = layers["auto"]
+    is_q4 = qtype == GGMLQuantizationType.Q4_1 and q4_kernel() is not None
+    assert isinstance(auto, Int4Linear) and (auto.q4 is not None) == is_q4
+    assert (auto.dense is None) == is_q4
+    num_rows = auto.max_int4_rows + 13
     x = torch.randn(num_rows, 64, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
-        assert torch.equal(layers["auto"](x[:1]), layers["gguf"](x[:1]))  # int4 kernel
-        dense = layers["auto"](x)  # the dense layer, on the weights the kernel uses
-        assert torch.equal(dense, layers["auto"].dense(x))
+        assert torch.equal(auto(x[:1]), layers["gguf"](x[:1]))  # int4 kernel
+        large = auto(x)
+        if is_q4:  # the dense copy's weights, summed in another order
+            eye = torch.eye(64, dtype=torch.bfloat16)
+            weight = auto.q4(eye).t().float()  # each output is one weight, exactly
+            reference = x.float() @ weight.t()
+            torch.testing.assert_close(large.float(), reference, rtol=2**-7, atol=1e-5)
+        else:
+            assert torch.equal(large, auto.dense(x))
         kernel, exact = layers["gguf"](x).float(), layers["none"](x).float()
-        # the kernel rounds the GGUF scales to bfloat16; the dense copy does the same
-        gap, exact_gap = (dense.float() - kernel).abs().mean(), (exact - kernel).abs().mean()
+        # the kernel rounds the GGUF scales to bfloat16; the large-step path does the same
+        gap, exact_gap = (large.float() - kernel).abs().mean(), (exact - kernel).abs().mean()
         assert gap < exact_gap
-    head = models["auto"].lm_head  # switches to its dense layer sooner than the others
-    assert head.max_int4_rows == LM_HEAD_MAX_INT4_ROWS < layers["auto"].max_int4_rows
+    head = models["auto"].lm_head  # leaves the int4 kernel sooner than the others
+    assert head.max_int4_rows == LM_HEAD_MAX_INT4_ROWS < auto.max_int4_rows
+    assert (head.q4 is not None) == is_q4
     hidden = torch.randn(LM_HEAD_MAX_INT4_ROWS + 1, 64, dtype=torch.bfloat16)
     with torch.inference_mode():
-        assert torch.equal(head(hidden), head.dense(hidden))
+        larger = head.q4 if is_q4 else head.dense
+        assert torch.equal(head(hidden), larger(hidden))
         assert torch.equal(head(hidden[:1]), models["gguf"].lm_head(hidden[:1]))
     runs = {q: PagedRun(m, 16, 4) for q, m in models.items()}
     prefill = {q: r.step([(r.add(PROMPT + [5]), len(PROMPT))], all_logits=True)

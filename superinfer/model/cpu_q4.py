@@ -1,0 +1,111 @@
+"""4-bit GGUF weights multiplied by many rows at once on the CPU (`csrc/q4_linear.c`).
+
+PyTorch's int4 kernel is the fastest for a few rows (decode of a few sequences) but
+dequantizes each weight once per row: from about 8 rows on, a dense bfloat16 GEMM beat it,
+so each quantized layer used to keep a bfloat16 copy of its weights for prefill and
+batched decode (202 MB of the default model). This kernel dequantizes each strip of 32
+output columns once per call and runs every row against it with AVX-512 BF16 dot
+products, as fast as oneDNN's bfloat16 GEMM on the default model's shapes from 8 rows to
+256 (`benchmarks/int4_rows.py`), from 4 bits a weight. It computes with the very weights
+the dense copy held (same bfloat16 rounding), so it replaces that copy where it runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+from torch import Tensor
+
+from superinfer.model.cpu_kernels import load_kernel
+
+_PTR, _INT, _I64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+STRIP = 32  # output columns per packed strip
+BLOCK = 32  # inputs per (scale, zero): GGUF's block
+
+
+class Q4Weights:
+    """One layer's weights packed for the kernel (see `csrc/q4_linear.c`), and its bias;
+    calling it multiplies: x (rows, K) bfloat16 -> (rows, N) bfloat16."""
+
+    def __init__(self, kernel: Q4Kernel, packed: Tensor, scales_zeros: Tensor, num_out: int,
+                 num_in: int, bias: Tensor | None) -> None:  # fmt: skip
+        self.kernel, self.packed, self.scales_zeros = kernel, packed, scales_zeros
+        self.num_out, self.num_in = num_out, num_in
+        self.bias = None if bias is None else bias.detach().float().contiguous()
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return self.kernel(x, self)
+
+    @property
+    def num_bytes(self) -> int:
+        return self.packed.numel() + self.scales_zeros.numel() * 2
+
+
+class Q4Kernel:
+    """The loaded `pack_q4` and `q4_linear`."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self._pack, self._linear = library.pack_q4, library.q4_linear
+        self._pack.restype = None
+        self._pack.argtypes = [_PTR, _PTR, _PTR, _I64, _I64, _PTR, _PTR]
+        self._linear.restype = _INT
+        self._linear.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _INT]
+
+    def pack(self, nibbles: Tensor, scales: Tensor, zeros: Tensor,
+             bias: Tensor | None = None) -> Q4Weights:  # fmt: skip
+        """nibbles (N, K) integers 0..15; scales, zeros (N, K / 32), rounded to bfloat16
+        here (the weights are w = (q - 8) * scale + zero); K a multiple of 32."""
+        num_out, num_in = nibbles.shape
+        if num_in % BLOCK or scales.shape != (num_out, num_in // BLOCK) != zeros.shape:
+            raise ValueError(f"4-bit weights {tuple(nibbles.shape)} need one scale per {BLOCK}")
+        q = nibbles.to(torch.uint8).contiguous()
+        s = scales.to(torch.bfloat16).contiguous()
+        z = zeros.to(torch.bfloat16).contiguous()
+        num_strips = -(-num_out // STRIP)
+        packed = torch.empty(num_strips * num_in * STRIP // 2, dtype=torch.uint8)
+        scales_zeros = torch.empty(num_strips * num_in // BLOCK * 2 * STRIP, dtype=torch.bfloat16)
+        self._pack(q.data_ptr(), s.data_ptr(), z.data_ptr(), num_out, num_in,
+                   packed.data_ptr(), scales_zeros.data_ptr())  # fmt: skip
+        return Q4Weights(self, packed, scales_zeros, num_out, num_in, bias)
+
+    def __call__(self, x: Tensor, weights: Q4Weights) -> Tensor:
+        """x (rows, K) bfloat16, each row contiguous -> (rows, N) bfloat16."""
+        if x.stride(-1) != 1 or x.stride(0) % 2:
+            x = x.contiguous()
+        y = torch.empty((x.shape[0], weights.num_out), dtype=torch.bfloat16)
+        status = self._linear(
+            x.data_ptr(), x.stride(0), x.shape[0], weights.num_in, weights.packed.data_ptr(),
+            weights.scales_zeros.data_ptr(),
+            None if weights.bias is None else weights.bias.data_ptr(), y.data_ptr(),
+            weights.num_out, torch.get_num_threads(),
+        )  # fmt: skip
+        if status != 0:
+            raise RuntimeError(f"q4_linear failed ({status})")
+        return y
+
+
+@functools.cache
+def q4_kernel() -> Q4Kernel | None:
+    """The compiled kernel where it runs here (AVX-512 BF16), else None (logged once)."""
+    return load_kernel(_probed, "4-bit GEMM", "keeping dense bfloat16 copies")
+
+
+def _probed(library: ctypes.CDLL) -> Q4Kernel:
+    """The kernel, once it has computed a small product right (sums of multiples of 1/4,
+    exact in float, then rounded to bfloat16 as PyTorch rounds); RuntimeError where this CPU
+    has no AVX-512 BF16."""
+    kernel = Q4Kernel(library)
+    nibbles = torch.arange(64 * 40).remainder(13).view(40, 64)
+    scales, zeros = torch.full((40, 2), 0.5), torch.full((40, 2), 0.25)
+    x = (torch.arange(3 * 64).remainder(7) - 3).view(3, 64).to(torch.bfloat16)
+    weights = kernel.pack(nibbles, scales, zeros)
+    try:
+        y = weights(x)
+    except RuntimeError as error:
+        raise RuntimeError("no AVX-512 BF16 on this CPU") from error
+    expected = x.float() @ ((nibbles.float() - 8) * 0.5 + 0.25).t()
+    if not torch.equal(y, expected.to(torch.bfloat16)):
+        raise RuntimeError("the 4-bit GEMM computed a wrong product")
+    return kernel

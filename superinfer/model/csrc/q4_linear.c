@@ -1,0 +1,181 @@
+/* A linear layer over 4-bit weights in GGUF's blocks of 32, for any number of rows (CPU).
+ *
+ * Built with the other kernels by superinfer/model/cpu_kernels.py and called through
+ * ctypes (superinfer/model/cpu_q4.py). PyTorch's int4 kernel reads 4 bits a weight, which
+ * wins while a step is bound by reading the weights, but it dequantizes each weight once
+ * per row: from 9 rows on a dense bfloat16 GEMM was faster, so every layer also kept a
+ * bfloat16 copy of its weights (200 MB of the default model's 1 GB server). Here a thread
+ * dequantizes a strip of 32 output columns once into a scratch buffer that stays in its
+ * cache and then runs every row against it with `vdpbf16ps`: one pass over 4-bit weights,
+ * the arithmetic of a bfloat16 GEMM.
+ *
+ * The weights are the dense copy's to the bit: w = fma(q - 8, scale, zero) in float,
+ * rounded to bfloat16 (nearest even), with scale and zero already bfloat16 values (Q4_0:
+ * zero 0; Q4_1: zero m + 8 d). Products of bfloat16 pairs are summed in float, as in a
+ * bfloat16 GEMM, in another order than oneDNN's.
+ *
+ * Packed layout (made by `pack_q4`): strips of 32 columns, each a run of K / 32 blocks of
+ * 512 bytes: [half of the strip (2)][input pair within the block (16)][column (16)], the
+ * byte holding input 2p in its low nibble and input 2p + 1 in its high one; beside it
+ * the bfloat16 scales and zeros, [strip][block][half][scale, zero][column].
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
+#include <immintrin.h>
+#define HAVE_BF16_DOT 1
+#endif
+
+#define STRIP 32
+#define BLOCK 32
+#define ROW_TILE 12 /* rows whose 2 x 16 float sums stay in registers (24 of 32) */
+
+/* Packs q (N, K) nibbles (one per byte, 0..15), bfloat16 scales and zeros (N, K / 32)
+ * into the layout above; columns past N (to a multiple of 32) get zero weights. packed
+ * holds ceil(N / 32) * K * 16 bytes, scales_zeros ceil(N / 32) * (K / 32) * 64 bfloat16. */
+void pack_q4(const uint8_t *q, const uint16_t *scales, const uint16_t *zeros, int64_t num_out,
+             int64_t num_in, uint8_t *packed, uint16_t *scales_zeros) {
+    const int64_t num_strips = (num_out + STRIP - 1) / STRIP, num_blocks = num_in / BLOCK;
+    for (int64_t s = 0; s < num_strips; s++)
+        for (int64_t b = 0; b < num_blocks; b++) {
+            uint8_t *out = packed + (s * num_blocks + b) * 512;
+            uint16_t *sz = scales_zeros + (s * num_blocks + b) * 64;
+            for (int h = 0; h < 2; h++)
+                for (int col = 0; col < 16; col++) {
+                    const int64_t n = s * STRIP + h * 16 + col;
+                    const int real = n < num_out;
+                    sz[h * 32 + col] = real ? scales[n * num_blocks + b] : 0;
+                    sz[h * 32 + 16 + col] = real ? zeros[n * num_blocks + b] : 0;
+                    for (int p = 0; p < 16; p++) {
+                        const uint8_t *pair = q + n * num_in + b * BLOCK + 2 * p;
+                        out[h * 256 + p * 16 + col] =
+                            real ? (uint8_t)((pair[0] & 15) | (pair[1] & 15) << 4) : 0x88;
+                    }
+                }
+        }
+}
+
+#ifdef HAVE_BF16_DOT
+/* One strip's weights as bfloat16 pairs, [input pair][half][column] (32-bit lanes). */
+static inline __m512 load_bf16(const uint16_t *p) {
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+static void dequantize_strip(const uint8_t *packed, const uint16_t *sz, int64_t num_blocks,
+                             uint32_t *w) {
+    const __m512i low4 = _mm512_set1_epi32(15);
+    const __m512 eight = _mm512_set1_ps(8.0f);
+    for (int64_t b = 0; b < num_blocks; b++, packed += 512, sz += 64)
+        for (int h = 0; h < 2; h++) {
+            const __m512 scale = load_bf16(sz + h * 32);
+            const __m512 zero = load_bf16(sz + h * 32 + 16);
+            for (int p = 0; p < 16; p++) {
+                const __m512i bytes = _mm512_cvtepu8_epi32(
+                    _mm_loadu_si128((const __m128i *)(packed + h * 256 + p * 16)));
+                const __m512 lo = _mm512_sub_ps(
+                    _mm512_cvtepi32_ps(_mm512_and_si512(bytes, low4)), eight);
+                const __m512 hi = _mm512_sub_ps(
+                    _mm512_cvtepi32_ps(_mm512_srli_epi32(bytes, 4)), eight);
+                const __m256i lo16 = (__m256i)_mm512_cvtneps_pbh(_mm512_fmadd_ps(lo, scale, zero));
+                const __m256i hi16 = (__m256i)_mm512_cvtneps_pbh(_mm512_fmadd_ps(hi, scale, zero));
+                const __m512i pairs = _mm512_or_si512(
+                    _mm512_cvtepu16_epi32(lo16),
+                    _mm512_slli_epi32(_mm512_cvtepu16_epi32(hi16), 16));
+                _mm512_storeu_si512(w + ((b * 16 + p) * 2 + h) * 16, pairs);
+            }
+        }
+}
+
+/* y[r] (32 columns from col, num_cols of them real) for num_rows <= ROW_TILE rows of x. */
+static inline __attribute__((always_inline)) void rows_times_strip(
+    const uint32_t *x, int64_t x_stride, const uint32_t *w, int64_t num_pairs,
+    const float *bias, uint16_t *y, int64_t y_stride, int64_t col, int num_cols,
+    const int num_rows) {
+    __m512 acc[ROW_TILE][2];
+    for (int r = 0; r < num_rows; r++)
+        acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < num_pairs; p++) {
+        const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w + p * 32);
+        const __m512bh w1 = (__m512bh)_mm512_loadu_si512(w + p * 32 + 16);
+        for (int r = 0; r < num_rows; r++) {
+            const __m512bh xr = (__m512bh)_mm512_set1_epi32((int)x[r * x_stride + p]);
+            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], xr, w0);
+            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xr, w1);
+        }
+    }
+    const __mmask16 mask0 = num_cols >= 16 ? 0xFFFF : (__mmask16)((1u << num_cols) - 1);
+    const __mmask16 mask1 =
+        num_cols >= 32 ? 0xFFFF : num_cols <= 16 ? 0 : (__mmask16)((1u << (num_cols - 16)) - 1);
+    __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
+    if (bias) {
+        b0 = _mm512_maskz_loadu_ps(mask0, bias + col);
+        b1 = _mm512_maskz_loadu_ps(mask1, bias + col + 16);
+    }
+    for (int r = 0; r < num_rows; r++) {
+        uint16_t *out = y + r * y_stride + col;
+        _mm256_mask_storeu_epi16(out, mask0, (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[r][0], b0)));
+        _mm256_mask_storeu_epi16(out + 16, mask1,
+                                 (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[r][1], b1)));
+    }
+}
+
+#define ROWS_CASE(n)                                                                       \
+    case n:                                                                                \
+        rows_times_strip(x, x_stride, w, num_pairs, bias, y, y_stride, col, num_cols, n); \
+        break;
+
+static void tile_rows(const uint32_t *x, int64_t x_stride, const uint32_t *w, int64_t num_pairs,
+                      const float *bias, uint16_t *y, int64_t y_stride, int64_t col,
+                      int num_cols, int num_rows) {
+    switch (num_rows) {
+        ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4) ROWS_CASE(5) ROWS_CASE(6)
+        ROWS_CASE(7) ROWS_CASE(8) ROWS_CASE(9) ROWS_CASE(10) ROWS_CASE(11) ROWS_CASE(12)
+    }
+}
+#endif
+
+/* y (num_rows, num_out) bfloat16 = x (num_rows, num_in) bfloat16 @ w.T (+ bias, float),
+ * w packed by pack_q4. x rows are x_stride elements apart, each contiguous; y is
+ * contiguous. Returns 0; -1 where this kernel does not run (no AVX-512 BF16, num_in not a
+ * multiple of 32); -2 when out of memory. */
+int q4_linear(const void *x, int64_t x_stride, int64_t num_rows, int64_t num_in,
+              const uint8_t *packed, const uint16_t *scales_zeros, const float *bias, void *y,
+              int64_t num_out, int num_threads) {
+#ifdef HAVE_BF16_DOT
+    if (num_in % BLOCK || x_stride % 2) return -1;
+    const int64_t num_strips = (num_out + STRIP - 1) / STRIP, num_blocks = num_in / BLOCK;
+    const int64_t num_pairs = num_in / 2;
+    int status = 0;
+#pragma omp parallel num_threads(num_threads)
+    {
+        uint32_t *w = aligned_alloc(64, (size_t)num_pairs * STRIP * sizeof(uint32_t));
+        if (!w) {
+#pragma omp atomic write
+            status = -2;
+        }
+#pragma omp for schedule(static)
+        for (int64_t s = 0; s < num_strips; s++) {
+            if (!w) continue;
+            dequantize_strip(packed + s * num_blocks * 512, scales_zeros + s * num_blocks * 64,
+                             num_blocks, w);
+            const int64_t col = s * STRIP;
+            const int num_cols = num_out - col < STRIP ? (int)(num_out - col) : STRIP;
+            for (int64_t r = 0; r < num_rows; r += ROW_TILE) {
+                const int n = num_rows - r < ROW_TILE ? (int)(num_rows - r) : ROW_TILE;
+                tile_rows((const uint32_t *)((const uint16_t *)x + r * x_stride), x_stride / 2,
+                          w, num_pairs, bias, (uint16_t *)y + r * num_out, num_out, col,
+                          num_cols, n);
+            }
+        }
+        free(w);
+    }
+    return status;
+#else
+    (void)x, (void)x_stride, (void)num_rows, (void)num_in, (void)packed, (void)scales_zeros;
+    (void)bias, (void)y, (void)num_out, (void)num_threads;
+    return -1;
+#endif
+}

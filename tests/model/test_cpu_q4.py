@@ -1,0 +1,56 @@
+"""The 4-bit GEMM (`csrc/q4_linear.c`) against the weights Int4Linear dequantizes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from superinfer.model.cpu_q4 import q4_kernel
+from superinfer.model.quant import Int4Linear
+
+pytestmark = pytest.mark.skipif(q4_kernel() is None, reason="no AVX-512 BF16 kernel here")
+
+
+def random_q4(num_out: int, num_in: int, seed: int) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    nibbles = torch.randint(0, 16, (num_out, num_in), generator=g, dtype=torch.uint8)
+    scales = torch.rand(num_out, num_in // 32, generator=g) * 0.02
+    zeros = torch.randn(num_out, num_in // 32, generator=g) * 0.02
+    return nibbles, scales, zeros
+
+
+@pytest.mark.parametrize("num_out, num_in", [(48, 64), (96, 32), (144, 160)])
+def test_the_weights_are_the_dense_copy_bit_for_bit(num_out, num_in) -> None:
+    nibbles, scales, zeros = random_q4(num_out, num_in, seed=num_out)
+    dense = Int4Linear(nibbles, scales, zeros, num_in).dequantized(
+        nibbles, scales, zeros, torch.bfloat16
+    )
+    weights = q4_kernel().pack(nibbles, scales, zeros)
+    # one weight per output: no sum to round
+    got = weights(torch.eye(num_in, dtype=torch.bfloat16)).t()
+    assert torch.equal(got, dense)
+
+
+@pytest.mark.parametrize("num_rows", [1, 5, 12, 13, 25, 40])
+@pytest.mark.parametrize("has_bias", [False, True])
+def test_products_match_a_float_matmul_of_those_weights(num_rows, has_bias) -> None:
+    num_out, num_in = 80, 96  # a partial strip of 32 columns; 12-row tiles and a rest
+    nibbles, scales, zeros = random_q4(num_out, num_in, seed=num_rows)
+    dense = Int4Linear(nibbles, scales, zeros, num_in).dequantized(
+        nibbles, scales, zeros, torch.bfloat16
+    )
+    bias = torch.randn(num_out) if has_bias else None
+    weights = q4_kernel().pack(nibbles, scales, zeros, bias)
+    wide = torch.randn(num_rows, num_in + 6, dtype=torch.bfloat16)
+    x = wide[:, 2 : 2 + num_in]  # rows a stride apart, not contiguous as a whole
+    y = weights(x)
+    reference = x.double() @ dense.double().t() + (0 if bias is None else bias.double())
+    assert y.shape == (num_rows, num_out) and y.dtype == torch.bfloat16
+    # float sums in another order, then one rounding to bfloat16
+    torch.testing.assert_close(y.double(), reference, rtol=2**-8, atol=1e-4)
+
+
+def test_odd_shapes_are_refused() -> None:
+    nibbles, scales, zeros = random_q4(8, 64, seed=0)
+    with pytest.raises(ValueError, match="one scale per 32"):
+        q4_kernel().pack(nibbles[:, :48], scales, zeros)
