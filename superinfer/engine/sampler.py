@@ -4,13 +4,15 @@
       --(log-probabilities to report, vLLM's default raw mode)
       -> allowed_token_ids, bad_words, min_tokens, logit_bias
       -> repetition / frequency / presence penalties           (greedy: argmax here)
-      -> temperature, min_p, top-k, top-p -> exponential race  (sampled)
+      -> temperature, min_p, top-k, top-p -> inverse CDF       (sampled)
 
 Every stage is one pass over the rows that use it (a tensor op over the batch, index
 lists built from the requests' parameters); nothing loops over the vocabulary. The only
-per-request torch work draws the noise of requests that carry their own seed, so that
-their samples repeat whatever else is in the batch. Sampling uses the exponential-race
-form: argmax(p / q) with q ~ Exp(1) draws from p.
+per-request torch work draws the number of requests that carry their own seed, so that
+their samples repeat whatever else is in the batch. A row is sampled by inverting its
+cumulative distribution at one uniform number: one random number a row, not one a token
+(vLLM's exponential race, argmax(p / q) with q ~ Exp(1) for every token, drew 1.5 million
+exponentials a step at batch 32 on this model: 20-30 ms of CPU time, as long as the forward).
 
 The sampler keeps the tokens of requests that need them (penalties, multi-token bad
 words, prompt log-probabilities), registered by `add_request` and dropped by `forget`:
@@ -258,8 +260,7 @@ class Sampler:
         if all(seq.sampling_params.is_greedy for seq in seqs):
             return greedy
         probs = self._filtered_probs(logits, seqs)
-        noise = self._exponential_noise(probs.shape, seqs)
-        sampled = (probs / noise).argmax(dim=-1)
+        sampled = self._invert_cdf(probs, self._uniforms(seqs))
         is_greedy = torch.tensor([s.sampling_params.is_greedy for s in seqs], device=logits.device)
         return torch.where(is_greedy, greedy, sampled)
 
@@ -305,10 +306,11 @@ class Sampler:
         sorted_logits = sorted_logits.masked_fill(mask, float("-inf"))
         return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
-    def _exponential_noise(
-        self, shape: torch.Size, seqs: Sequence[ScheduledSequence]
-    ) -> torch.Tensor:
-        noise = torch.empty(shape, device=self.device).exponential_(generator=self.generator)
+    def _uniforms(self, seqs: Sequence[ScheduledSequence]) -> torch.Tensor:
+        """One number in [0, 1) per row (float64): from the request's own generator where
+        it carries a seed, else from the sampler's."""
+        uniforms = torch.rand(len(seqs), generator=self.generator, device=self.device,
+                              dtype=torch.float64)  # fmt: skip
         for row, seq in enumerate(seqs):
             seed = seq.sampling_params.seed
             if seed is not None:
@@ -316,8 +318,20 @@ class Sampler:
                 if generator is None:
                     generator = torch.Generator(device=self.device).manual_seed(seed)
                     self._request_generators[seq.request_id] = generator
-                noise[row].exponential_(generator=generator)
-        return noise
+                uniforms[row] = torch.rand((), generator=generator, device=self.device,
+                                           dtype=torch.float64)  # fmt: skip
+        return uniforms
+
+    @staticmethod
+    def _invert_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+        """Per row, the first token whose cumulative probability exceeds u x the row's
+        total: token t with probability p_t / total. A zero-probability token is never the
+        first to exceed it. The sums are float64: a float32 sum over 50k-150k tokens would
+        blur the shares of tokens below about 1e-5."""
+        cdf = probs.to(torch.float64).cumsum(dim=-1)
+        targets = (uniforms * cdf[:, -1]).unsqueeze(-1)
+        picked = torch.searchsorted(cdf, targets, right=True).squeeze(-1)
+        return picked.clamp_(max=probs.shape[-1] - 1)
 
 
 def _apply_bitmask(logits: torch.Tensor, matchers: list[Any]) -> None:

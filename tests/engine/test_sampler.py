@@ -74,6 +74,23 @@ def test_sampling_follows_the_distribution():
     assert abs(counts[2].item() / 3000 - 0.1) < 0.03
 
 
+def test_the_inverse_cdf_picks_only_tokens_with_probability():
+    probs = torch.tensor([[0.0, 0.25, 0.0, 0.75, 0.0], [0.0, 0.0, 0.0, 0.0, 2.0]])
+    for u, expected in [(0.0, [1, 4]), (0.2499, [1, 4]), (0.25, [3, 4]), (0.999999, [3, 4])]:
+        picked = Sampler._invert_cdf(probs, torch.tensor([u, u], dtype=torch.float64))
+        assert picked.tolist() == expected
+
+
+def test_sampling_follows_the_distribution_over_a_large_vocabulary():
+    vocab = 49152  # the default model's: a float32 cumulative sum would blur the tail
+    probs = torch.full((1, vocab), 0.5 / (vocab - 1))
+    probs[0, -1] = 0.5
+    sampler = Sampler(CPU, seed=0)
+    draws = torch.tensor([sampler(probs.log(), [seq(temperature=1.0)])[0] for _ in range(2000)])
+    assert abs((draws == vocab - 1).float().mean().item() - 0.5) < 0.05
+    assert len(set(draws.tolist())) > 900  # the other half spreads over the vocabulary
+
+
 def test_min_tokens_suppresses_stop_tokens():
     x = torch.zeros(1, 10)
     x[0, 2] = 10.0  # eos is by far the best
