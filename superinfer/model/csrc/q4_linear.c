@@ -58,16 +58,24 @@ void pack_q4(const uint8_t *q, const uint16_t *scales, const uint16_t *zeros, in
 }
 
 #ifdef HAVE_BF16_DOT
-/* One strip's weights as bfloat16 pairs, [input pair][half][column] (32-bit lanes). */
 static inline __m512 load_bf16(const uint16_t *p) {
     return _mm512_castsi512_ps(
         _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
 }
 
+/* One strip's weights as bfloat16 pairs, [input pair][half][column] (32-bit lanes). A
+ * table lookup (vpermps, on the low 4 bits of each lane) gives q - 8 as a float; both
+ * halves of a pair are rounded in one instruction and interleaved by one vpermw. */
 static void dequantize_strip(const uint8_t *packed, const uint16_t *sz, int64_t num_blocks,
                              uint32_t *w) {
-    const __m512i low4 = _mm512_set1_epi32(15);
-    const __m512 eight = _mm512_set1_ps(8.0f);
+    float values[16];
+    uint16_t order[32]; /* lane j: the low input's word j, then the high input's word 16 + j */
+    for (int i = 0; i < 16; i++) {
+        values[i] = (float)(i - 8);
+        order[2 * i] = (uint16_t)i, order[2 * i + 1] = (uint16_t)(16 + i);
+    }
+    const __m512 table = _mm512_loadu_ps(values);
+    const __m512i interleave = _mm512_loadu_si512(order);
     for (int64_t b = 0; b < num_blocks; b++, packed += 512, sz += 64)
         for (int h = 0; h < 2; h++) {
             const __m512 scale = load_bf16(sz + h * 32);
@@ -75,16 +83,12 @@ static void dequantize_strip(const uint8_t *packed, const uint16_t *sz, int64_t 
             for (int p = 0; p < 16; p++) {
                 const __m512i bytes = _mm512_cvtepu8_epi32(
                     _mm_loadu_si128((const __m128i *)(packed + h * 256 + p * 16)));
-                const __m512 lo = _mm512_sub_ps(
-                    _mm512_cvtepi32_ps(_mm512_and_si512(bytes, low4)), eight);
-                const __m512 hi = _mm512_sub_ps(
-                    _mm512_cvtepi32_ps(_mm512_srli_epi32(bytes, 4)), eight);
-                const __m256i lo16 = (__m256i)_mm512_cvtneps_pbh(_mm512_fmadd_ps(lo, scale, zero));
-                const __m256i hi16 = (__m256i)_mm512_cvtneps_pbh(_mm512_fmadd_ps(hi, scale, zero));
-                const __m512i pairs = _mm512_or_si512(
-                    _mm512_cvtepu16_epi32(lo16),
-                    _mm512_slli_epi32(_mm512_cvtepu16_epi32(hi16), 16));
-                _mm512_storeu_si512(w + ((b * 16 + p) * 2 + h) * 16, pairs);
+                const __m512 lo = _mm512_permutexvar_ps(bytes, table);
+                const __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
+                const __m512i halves = (__m512i)_mm512_cvtne2ps_pbh(
+                    _mm512_fmadd_ps(hi, scale, zero), _mm512_fmadd_ps(lo, scale, zero));
+                _mm512_storeu_si512(w + ((b * 16 + p) * 2 + h) * 16,
+                                    _mm512_permutexvar_epi16(interleave, halves));
             }
         }
 }
