@@ -91,6 +91,43 @@ def test_sampling_follows_the_distribution_over_a_large_vocabulary():
     assert len(set(draws.tolist())) > 900  # the other half spreads over the vocabulary
 
 
+def sorted_top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]):
+    """The definition, by a full sort: keep the top_k best, then the fewest best of those
+    whose probability reaches top_p."""
+    vocab = logits.shape[-1]
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    k = torch.tensor([k if k > 0 else vocab for k in top_k])
+    mask = torch.arange(vocab)[None, :] >= k[:, None]
+    probs = sorted_logits.masked_fill(mask, float("-inf")).softmax(dim=-1)
+    mask |= probs.cumsum(dim=-1) - probs >= torch.tensor(top_p)[:, None]
+    mask[:, 0] = False
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits.masked_fill(mask, -1e30))
+
+
+def test_top_k_top_p_ranks_few_candidates_and_keeps_what_a_full_sort_keeps():
+    vocab = 5000
+    gen = torch.Generator().manual_seed(0)
+    peaked = torch.randn(6, vocab, generator=gen) - 8 * torch.rand(6, vocab, generator=gen) ** 0.2
+    cases = {  # rows: (top_k, top_p)
+        "nuclei among the candidates": [(0, 0.9), (5, 1.0), (50, 0.5), (0, 1.0), (0, 0.99), (3, 0.2)],
+        "a top_k beyond the candidates": [(2000, 1.0), (0, 0.9), (0, 1.0), (5, 0.5), (0, 0.8), (1, 1.0)],
+        "a nucleus beyond them": [(0, 0.9), (0, 0.999999), (0, 1.0), (7, 0.3), (0, 0.5), (10, 0.9)],
+    }  # fmt: skip
+    for name, rows in cases.items():
+        logits = peaked.clone()
+        logits[1] = torch.randn(vocab, generator=gen) * 0.1  # flat: its nucleus is most of it
+        top_k, top_p = [k for k, _ in rows], [p for _, p in rows]
+        got = Sampler._apply_top_k_top_p(logits, top_k, top_p)
+        expected = sorted_top_k_top_p(logits, top_k, top_p)
+        keeps = [(k == 0 or k >= vocab) and p >= 1.0 for k, p in rows]
+        for row, keep_all in enumerate(keeps):
+            kept = got[row] > float("-inf")
+            assert torch.equal(kept, expected[row] > -1e30) or keep_all, (name, row)
+            if keep_all:
+                assert torch.equal(got[row], logits[row]), (name, row)
+            assert torch.equal(got[row][kept], logits[row][kept]), (name, row)
+
+
 def test_min_tokens_suppresses_stop_tokens():
     x = torch.zeros(1, 10)
     x[0, 2] = 10.0  # eos is by far the best
