@@ -26,6 +26,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--out", default=None, help="write the rounds as JSON")
     args = parser.parse_args()
     llm = LLM(num_device_blocks=NUM_DEVICE_BLOCKS)
@@ -36,7 +37,7 @@ def main() -> None:
         sampled, _ = sample_sharegpt(tokenizer, 32, seed=i, max_prompt_tokens=512)
         prompts = [{"prompt_token_ids": tokenizer(r.prompt)["input_ids"]} for r in sampled]
         params = [SamplingParams(max_tokens=min(r.num_output_tokens, 128), ignore_eos=True,
-                                 temperature=args.temperature)
+                                 temperature=args.temperature, top_p=args.top_p)
                   for r in sampled]  # fmt: skip
         start = time.perf_counter()
         outputs = llm.generate(prompts, params)

@@ -1,5 +1,5 @@
 """What one `Sampler` call costs on the CPU, by rows and sampling parameters: the default
-model's vocabulary (49,152), logits drawn at random (randn x 3), medians of --repeats.
+model's vocabulary (49,152), seeded random logits (randn x 3), medians of --repeats.
 
     .venv/bin/python benchmarks/sampler_pick.py
 """
@@ -39,7 +39,7 @@ def main() -> None:
     torch.set_num_threads(2)
     sampler = Sampler(torch.device("cpu"))
     for num_rows in (int(r) for r in args.rows.split(",")):
-        logits = torch.randn(num_rows, args.vocab) * 3
+        logits = torch.randn(num_rows, args.vocab, generator=torch.Generator().manual_seed(0)) * 3
         for name, params in VARIANTS.items():
             seqs = [sequence(str(i), SamplingParams(**params)) for i in range(num_rows)]
             sampler(logits.clone(), seqs)  # warm-up
