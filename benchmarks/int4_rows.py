@@ -26,7 +26,7 @@ import torch
 
 from superinfer.model.cpu_linear import pack_linears
 from superinfer.model.loader import AUTO_MAX_INT4_ROWS, default_model_path, load_gguf_model
-from superinfer.model.quant import LM_HEAD_MAX_INT4_ROWS, Q4_GEMM_MAX_INT4_ROWS, Int4Linear
+from superinfer.model.quant import LM_HEAD_MAX_INT4_ROWS, Int4Linear
 
 KINDS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 
@@ -84,15 +84,14 @@ def main() -> None:
                 f"{num_rows:4d} rows   layers: {layers} ({fastest})   lm_head: {head}", flush=True
             )
     print(
-        f"auto: int4 up to {Q4_GEMM_MAX_INT4_ROWS} rows then the 4-bit GEMM "
-        f"({AUTO_MAX_INT4_ROWS} then dense without it), lm_head up to {LM_HEAD_MAX_INT4_ROWS}"
+        f"auto: int4 up to {AUTO_MAX_INT4_ROWS} rows, then the 4-bit GEMM (a dense copy where "
+        f"it cannot run); lm_head up to {LM_HEAD_MAX_INT4_ROWS}"
     )
     if args.out:
         out = {"command": "benchmarks/int4_rows.py " + " ".join(
                    f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None),
                "threads": torch.get_num_threads(), "torch": torch.__version__,
                "auto_max_int4_rows": AUTO_MAX_INT4_ROWS,
-               "q4_gemm_max_int4_rows": Q4_GEMM_MAX_INT4_ROWS,
                "lm_head_max_int4_rows": LM_HEAD_MAX_INT4_ROWS, "results": results}  # fmt: skip
         Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
 

@@ -1,7 +1,7 @@
 """The 4-bit GEMM against the dense bfloat16 copies it replaced, in one process.
 
 Two offline engines on the default model (`--quantization auto`): one as loaded today (the
-4-bit layers run steps of more than 4 rows on `cpu_q4`'s GEMM), one loaded with that
+4-bit layers run steps of more than 8 rows on `cpu_q4`'s GEMM), one loaded with that
 kernel hidden (each layer keeps a dense bfloat16 copy for steps of more than 8 rows, as
 before). Each round, in alternating order: the batch-32 offline run of model_speed.py (32
 ShareGPT prompts of at most 512 tokens, the reply's length capped at 128 tokens, ignore

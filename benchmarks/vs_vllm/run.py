@@ -64,6 +64,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="ShareGPT sampling and arrivals seed")
     p.add_argument("--ttft-slo-ms", type=float, default=1000.0)
     p.add_argument("--tbt-slo-ms", type=float, default=200.0, help="TPOT is judged against it")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="the requests' sampling temperature (the OpenAI default is 1)")  # fmt: skip
     p.add_argument("--slo-classes", default=None,
                    help="a class mix (e.g. gold=0.2,silver=0.3,bronze=0.5) on superinfer's default "
                    "classes instead of one TTFT/TBT target for all; vLLM then runs its priority "
@@ -209,7 +211,7 @@ def sweep_command(args: argparse.Namespace, capacity: dict, out: Path) -> list[s
         # room for the chat template (~35 tokens) inside max_model_len
         "--max-total-tokens", str(args.max_model_len - 64),
         "--endpoint", args.endpoint,
-        "--num-warmups", "2", "--disable-tqdm",
+        "--num-warmups", "2", "--disable-tqdm", "--temperature", f"{args.temperature:g}",
     ]  # fmt: skip
     if args.slo_classes:  # the default classes' own targets; vLLM gets the ranks as priority
         argv += ["--slo-classes", args.slo_classes, "--send-priority"]

@@ -56,12 +56,12 @@ context; their local layers still skip the blocks out of the window.
 (the CPU, in bfloat16), else `none` (`superinfer.model.loader.auto_quantizes`). On the CPU
 it is a hybrid, by the rows a step multiplies (`benchmarks/int4_rows.py`): the int4 kernel
 reads a quarter of the bytes but dequantizes each weight once per row, so it runs steps of
-at most 4 rows (decode of a few requests). Larger steps (prefill, big batches) of a 4-bit
+at most 8 rows (decode of a few requests). Larger steps (prefill, big batches) of a 4-bit
 layer run superinfer's 4-bit GEMM (`superinfer/model/csrc/q4_linear.c`, CPUs with AVX-512
-BF16), which dequantizes each weight once per step, to the same bfloat16 weights, and is as
-fast as oneDNN's bfloat16 GEMM from 5 rows to 256. A Q8_0 layer, or any layer where that
-kernel cannot run, keeps a dense bfloat16 copy of the same weights for steps of more than 8
-rows (lm_head: 2).
+BF16), which dequantizes each weight once per step, to the weights rounded to bfloat16, and
+is faster than oneDNN's bfloat16 GEMM from 5 rows to 256. A Q8_0 layer, or any layer where
+that kernel cannot run, keeps a dense bfloat16 copy of the same weights for steps of more
+than 8 rows (lm_head: 2).
 
 ## Adding a model
 

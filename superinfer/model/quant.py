@@ -33,8 +33,6 @@ GROUP = 32
 # measured on the default model (benchmarks/int4_rows.py): the int4 lm_head is faster at
 # 1-2 rows (2.0 against 2.6 ms at 1), the dense one from 3 (2.6 against 4.3 ms at 4)
 LM_HEAD_MAX_INT4_ROWS = 2
-# the int4 kernel is faster up to 4 rows, the 4-bit GEMM from 8 (benchmarks/int4_rows.py)
-Q4_GEMM_MAX_INT4_ROWS = 4
 _DEQUANT_ROWS = 4096
 QUANT_TYPES = {
     GGMLQuantizationType.Q4_0: "Q4_0",
@@ -207,11 +205,14 @@ def quantize_linears(
     """Swap the model's linear layers whose GGUF tensors are all Q4_0, Q4_1 or Q8_0 (the
     same planes' width) for Int4Linear; returns the names swapped. Call it after the
     weights are loaded (biases and tied embeddings are taken from the model). With
-    `max_int4_rows`, larger steps run a 4-bit layer on the 4-bit GEMM after
-    Q4_GEMM_MAX_INT4_ROWS rows (`Int4Linear.keep_q4`) where it runs here, other layers on
-    a dense copy after `max_int4_rows` (`Int4Linear.keep_dense`); lm_head switches to its
-    dense copy sooner, after LM_HEAD_MAX_INT4_ROWS: on one (vocab, hidden) matrix oneDNN's
-    bfloat16 GEMM reads at full bandwidth (benchmarks/int4_rows.py)."""
+    `max_int4_rows`, larger steps run a 4-bit layer on the 4-bit GEMM (`Int4Linear.keep_q4`)
+    where it runs here, other layers on a dense copy (`Int4Linear.keep_dense`). The 4-bit
+    GEMM is faster from 5 rows, but it rounds its weights to bfloat16 as the dense copy
+    did, and the int4 kernel does not: keeping steps of up to 8 rows on the int4 kernel,
+    as before, keeps short prefills and small batches on one kernel whether they run alone
+    or together (a seeded request then samples the same tokens). lm_head leaves
+    the int4 kernel sooner, after LM_HEAD_MAX_INT4_ROWS: on one (vocab, hidden) matrix
+    oneDNN's bfloat16 GEMM reads at full bandwidth (benchmarks/int4_rows.py)."""
     config = model.config
     sources = {"lm_head": ("output" if "output.weight" in tensors else "token_embd",)}
     for i in range(config.num_layers):
@@ -237,8 +238,7 @@ def quantize_linears(
             # the larger steps compute with the int4 kernel's weights (same rounded scales):
             # a request's tokens do not depend on how many rows shared its steps
             q4 = q4_kernel() if int4.num_planes == 1 else None
-            rows = min(max_int4_rows, Q4_GEMM_MAX_INT4_ROWS if q4 else max_int4_rows)
-            rows = min(rows, LM_HEAD_MAX_INT4_ROWS) if name == "lm_head" else rows
+            rows = min(max_int4_rows, LM_HEAD_MAX_INT4_ROWS) if name == "lm_head" else max_int4_rows
             if q4 is not None:
                 int4.keep_q4(q4.pack(*fused, linear.bias), rows)
             else:
