@@ -12,7 +12,7 @@ per-request torch work draws the number of requests that carry their own seed, s
 their samples repeat whatever else is in the batch. A row is sampled by inverting its
 cumulative distribution at one uniform number: one random number a row, not one a token
 (vLLM's exponential race, argmax(p / q) with q ~ Exp(1) for every token, drew 1.5 million
-exponentials a step at batch 32 on this model: 20-30 ms of CPU time, as long as the forward).
+exponentials a step at batch 32 on this model: 31-38 ms of CPU time, longer than the forward).
 
 The sampler keeps the tokens of requests that need them (penalties, multi-token bad
 words, prompt log-probabilities), registered by `add_request` and dropped by `forget`:
