@@ -22,6 +22,18 @@ from superinfer.workload.datasets import sample_sharegpt
 NUM_DEVICE_BLOCKS = 2048  # the whole batch fits: no preemption
 
 
+def batch_round(
+    tokenizer, round_index: int, temperature: float, top_p: float = 1.0
+) -> tuple[list[dict], list[SamplingParams]]:
+    """Round `round_index`'s 32 prompts (token ids) and their sampling parameters."""
+    sampled, _ = sample_sharegpt(tokenizer, 32, seed=round_index, max_prompt_tokens=512)
+    prompts = [{"prompt_token_ids": tokenizer(r.prompt)["input_ids"]} for r in sampled]
+    params = [SamplingParams(max_tokens=min(r.num_output_tokens, 128), ignore_eos=True,
+                             temperature=temperature, top_p=top_p)
+              for r in sampled]  # fmt: skip
+    return prompts, params
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=4)
@@ -34,11 +46,7 @@ def main() -> None:
     llm.generate(["warm-up"], SamplingParams(max_tokens=4))
     rounds = []
     for i in range(args.rounds):
-        sampled, _ = sample_sharegpt(tokenizer, 32, seed=i, max_prompt_tokens=512)
-        prompts = [{"prompt_token_ids": tokenizer(r.prompt)["input_ids"]} for r in sampled]
-        params = [SamplingParams(max_tokens=min(r.num_output_tokens, 128), ignore_eos=True,
-                                 temperature=args.temperature, top_p=args.top_p)
-                  for r in sampled]  # fmt: skip
+        prompts, params = batch_round(tokenizer, i, args.temperature, args.top_p)
         start = time.perf_counter()
         outputs = llm.generate(prompts, params)
         seconds = time.perf_counter() - start

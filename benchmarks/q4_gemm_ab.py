@@ -20,12 +20,11 @@ import statistics
 import time
 from pathlib import Path
 
+from batch32 import NUM_DEVICE_BLOCKS, batch_round  # benchmarks/, this script's folder
+
 from superinfer.engine.llm import LLM
 from superinfer.model import quant
 from superinfer.sampling_params import SamplingParams
-from superinfer.workload.datasets import sample_sharegpt
-
-NUM_DEVICE_BLOCKS = 2048  # the whole batch fits: no preemption in either arm
 
 
 def load_arms() -> dict[str, LLM]:
@@ -48,10 +47,7 @@ def main() -> None:
     rng = random.Random(0)
     results: dict = {"throughput_tok_s": {a: [] for a in arms}, "ttft_ms": {a: [] for a in arms}}
     for i in range(args.rounds):
-        sampled, _ = sample_sharegpt(tokenizer, 32, seed=i, max_prompt_tokens=512)
-        prompts = [{"prompt_token_ids": tokenizer(r.prompt)["input_ids"]} for r in sampled]
-        params = [SamplingParams(max_tokens=min(r.num_output_tokens, 128), ignore_eos=True)
-                  for r in sampled]  # fmt: skip
+        prompts, params = batch_round(tokenizer, i, temperature=1.0)
         prefill = [{"prompt_token_ids": [rng.randrange(100, 40000) for _ in range(256)]}]
         order = list(arms) if i % 2 else list(arms)[::-1]
         for name in order:

@@ -39,10 +39,6 @@ class Q4Weights:
     def __call__(self, x: Tensor) -> Tensor:
         return self.kernel(x, self)
 
-    @property
-    def num_bytes(self) -> int:
-        return self.packed.numel() + self.scales_zeros.numel() * 2
-
 
 class Q4Kernel:
     """The loaded `pack_q4` and `q4_linear`."""
