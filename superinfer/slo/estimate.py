@@ -566,7 +566,11 @@ class Correction:
     ratios of all classes until it has `min_samples`, 1 until those have), clamped to
     [`low`, `high`]. Estimates below `floor_s` are
     compared as `floor_s`: a near-idle engine's few milliseconds of estimate say little
-    about its error, and must not blow the ratio up.
+    about its error, and must not blow the ratio up. A first token served within
+    `floor_s` counts as a ratio of at least 1: its ratio to the floor is small only because
+    the request was, and a near-idle engine's many short prompts would otherwise pull the
+    factor down and make the estimate of a long prompt optimistic. It still counts as a
+    sample, so a class keeps its own factor.
     """
 
     def __init__(
@@ -590,6 +594,8 @@ class Correction:
         if not (math.isfinite(estimated_s) and math.isfinite(measured_s)) or measured_s < 0:
             return
         ratio = measured_s / max(estimated_s, self.floor_s)
+        if measured_s < self.floor_s:
+            ratio = max(ratio, 1.0)  # within the floor: no error seen at a target's scale
         for key in (slo_class, _POOLED):
             ratios = self._ratios.setdefault(key, deque(maxlen=self.window))
             ratios.append(ratio)

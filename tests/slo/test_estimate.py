@@ -269,8 +269,20 @@ def test_correction_converges_to_a_high_quantile_of_a_biased_clock():
 def test_tiny_estimates_are_compared_at_the_floor():
     correction = Correction(min_samples=1, floor_s=0.1)
     for _ in range(5):
-        correction.observe(None, 0.001, 0.05)  # an idle engine: 1 ms estimated, 50 ms real
-    assert correction.factor(None) == pytest.approx(0.5)  # not 50x
+        correction.observe(None, 0.001, 0.3)  # 1 ms estimated, 300 ms real
+    assert correction.factor(None) == pytest.approx(3.0)  # not 300x
+
+
+def test_first_tokens_within_the_floor_do_not_pull_the_factor_down():
+    """A near-idle engine's short prompts (served within the floor) count as met estimates,
+    not as 0.4x ones: a long prompt's estimate would turn optimistic."""
+    correction = Correction(min_samples=5, floor_s=0.1)
+    for _ in range(40):
+        correction.observe("gold", 0.03, 0.04)
+    assert correction.factor("gold") == 1.0  # its own factor, not 0.4
+    for _ in range(10):
+        correction.observe("gold", 0.4, 0.44)  # long prompts, 10% slower than estimated
+    assert correction.factor("gold") == pytest.approx(1.1)
 
 
 def test_higher_classes_arriving_stretch_the_wait_of_lower_ones():
