@@ -13,7 +13,7 @@ from the engine's latest snapshot at scrape time; request series are updated as 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
@@ -70,17 +70,19 @@ class ServerMetrics:
         snapshot: Callable[[], EngineSnapshot | None] | None,
         class_names: Sequence[str] = (),
         engine_config: EngineConfig | None = None,
+        ttft_factors: Callable[[], Mapping[str, float]] | None = None,
     ) -> None:
         """`snapshot=None`: no engine in this process (the engine series are left out).
         `engine_config` gives the token buckets (up to `max_model_len`) and the cache
-        configuration; the defaults when None."""
+        configuration; the defaults when None. `ttft_factors`: admission's learned TTFT
+        correction by class ("all": pooled), read at scrape time."""
         self.model_name = model_name
         self.registry = CollectorRegistry()
         config = engine_config or EngineConfig()
         self._add_request_series(config.scheduler.max_model_len)
         self._add_slo_series()
         if snapshot is not None:
-            self.registry.register(EngineCollector(model_name, snapshot, config))
+            self.registry.register(EngineCollector(model_name, snapshot, config, ttft_factors))
         self._initialize([*class_names, NO_CLASS])
 
     def _add_request_series(self, max_model_len: int) -> None:
@@ -275,9 +277,11 @@ class EngineCollector(Collector):
         model_name: str,
         snapshot: Callable[[], EngineSnapshot | None],
         engine_config: EngineConfig | None = None,
+        ttft_factors: Callable[[], Mapping[str, float]] | None = None,
     ) -> None:
         self.model_name = model_name
         self.snapshot = snapshot
+        self.ttft_factors = ttft_factors
         self.cache_info = cache_info_labels(engine_config or EngineConfig())
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
@@ -332,6 +336,20 @@ class EngineCollector(Collector):
         yield self._by_direction(
             "superinfer:kv_transfer_seconds", "Seconds spent copying KV.", s.transfer_seconds
         )
+        if self.ttft_factors is not None:
+            yield self._ttft_correction(self.ttft_factors())
+
+    def _ttft_correction(self, factors: Mapping[str, float]) -> GaugeMetricFamily:
+        """Admission's learned factor on its TTFT estimates, per class that has one."""
+        family = GaugeMetricFamily(
+            "superinfer:admission_ttft_correction",
+            "Factor admission scales its TTFT estimates by: a high quantile of measured over "
+            "estimated TTFT, by class (all: every class pooled); absent until learned.",
+            labels=["model_name", "slo_class"],
+        )
+        for name, factor in sorted(factors.items()):
+            family.add_metric([self.model_name, name], factor)
+        return family
 
     def _vllm(self, kind: type[F], name: str, help_text: str, value: float) -> F:
         """One sample with vLLM's labels."""

@@ -59,7 +59,7 @@ class ServerState:
         self.slo_log = slo_log
         if metrics is None:  # this server's series, the engine's read from its snapshot
             metrics = ServerMetrics(model_name, self._snapshot, slo_config.class_names,
-                                    engine_config)  # fmt: skip
+                                    engine_config, self._ttft_factors)  # fmt: skip
         self.metrics = metrics
         error_log = RateLimitedLog(logger)  # refusals and failures, a few per reason
         self.periodic_log = PeriodicLog(server_config, self._snapshot, error_log)
@@ -73,6 +73,10 @@ class ServerState:
         )  # fmt: skip
         self.on_fatal: Callable[[], None] = lambda: None
         self.exit_code = 0
+
+    def _ttft_factors(self) -> dict[str, float]:
+        """Admission's learned TTFT correction by class (/metrics reads it at scrape time)."""
+        return self.host.admission.correction.to_dict()
 
     # --- lifecycle ------------------------------------------------------------------------
     async def boot(self) -> None:

@@ -618,5 +618,7 @@ class Correction:
         return self.factor(slo_class) * max(raw_s, self.floor_s)
 
     def to_dict(self) -> dict[str, float]:
-        return {("all" if name is _POOLED else str(name)): round(value, 4)
+        """The learned factors by class name ("all": pooled, "none": requests without a
+        class); empty until one is learned."""
+        return {("all" if name is _POOLED else "none" if name is None else str(name)): round(value, 4)
                 for name, value in self._factors.items()}  # fmt: skip

@@ -15,6 +15,7 @@ from superinfer.config import CacheConfig, EngineConfig, SchedulerConfig
 from superinfer.engine.async_engine import EngineSnapshot
 from superinfer.server.prometheus import ServerMetrics
 from superinfer.slo import SLOTargets
+from superinfer.slo.estimate import Correction
 from superinfer.slo.metrics import ABORTED, FINISHED, RequestRecord, slo_report, tbt_gaps
 
 MODEL = "test-model"
@@ -223,6 +224,24 @@ def test_every_superinfer_series_carries_the_model_name():
     slo = families["superinfer:slo_requests"]
     assert value(slo, "_total", slo_class="gold", kind="all", outcome="met") == 1
     assert value(slo, "_total", slo_class="gold", kind="all", outcome="violated") == 1
+
+
+def test_the_learned_ttft_correction_is_a_gauge_per_class():
+    factors: dict[str, float] = {}
+    metrics = ServerMetrics(MODEL, lambda: SNAPSHOT, ["gold"], engine_config(4096),
+                            lambda: factors)  # fmt: skip
+    assert not scrape(metrics)["superinfer:admission_ttft_correction"].samples  # none yet
+    correction = Correction(min_samples=2)
+    for _ in range(2):
+        correction.observe("gold", 0.4, 0.6)  # 1.5x slower than estimated
+        correction.observe(None, 0.4, 0.4)
+    factors.update(correction.to_dict())
+    family = scrape(metrics)["superinfer:admission_ttft_correction"]
+    assert family.type == "gauge"
+    assert value(family, slo_class="gold") == pytest.approx(1.5)
+    assert value(family, slo_class="none") == pytest.approx(1.0)
+    assert value(family, slo_class="all") == pytest.approx(1.5)  # the 90th percentile of 4
+    assert {s.labels["model_name"] for s in family.samples} == {MODEL}
 
 
 def test_grafana_dashboard_filters_by_model_and_reads_exported_series():
