@@ -74,8 +74,9 @@ class ServerMetrics:
     ) -> None:
         """`snapshot=None`: no engine in this process (the engine series are left out).
         `engine_config` gives the token buckets (up to `max_model_len`) and the cache
-        configuration; the defaults when None. `ttft_factors`: admission's learned TTFT
-        correction by class ("all": pooled), read at scrape time."""
+        configuration; the defaults when None. `ttft_factors`: the TTFT correction
+        admission applies to each class ("none": requests without one), read at scrape
+        time."""
         self.model_name = model_name
         self.registry = CollectorRegistry()
         config = engine_config or EngineConfig()
@@ -340,11 +341,11 @@ class EngineCollector(Collector):
             yield self._ttft_correction(self.ttft_factors())
 
     def _ttft_correction(self, factors: Mapping[str, float]) -> GaugeMetricFamily:
-        """Admission's learned factor on its TTFT estimates, per class that has one."""
+        """The factor admission applies to each class's TTFT estimates, once learned."""
         family = GaugeMetricFamily(
             "superinfer:admission_ttft_correction",
-            "Factor admission scales its TTFT estimates by: a high quantile of measured over "
-            "estimated TTFT, by class (all: every class pooled); absent until learned.",
+            "Factor admission scales a class's TTFT estimates by: a high quantile of measured "
+            "over estimated TTFT, the class's own or all classes' pooled; absent until learned.",
             labels=["model_name", "slo_class"],
         )
         for name, factor in sorted(factors.items()):

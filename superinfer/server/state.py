@@ -75,8 +75,8 @@ class ServerState:
         self.exit_code = 0
 
     def _ttft_factors(self) -> dict[str, float]:
-        """Admission's learned TTFT correction by class (/metrics reads it at scrape time)."""
-        return self.host.admission.correction.to_dict()
+        """The TTFT correction admission applies to each class (/metrics reads it)."""
+        return self.host.admission.correction.applied(self.slo_config.class_names)
 
     # --- lifecycle ------------------------------------------------------------------------
     async def boot(self) -> None:

@@ -617,6 +617,14 @@ class Correction:
             return raw_s
         return self.factor(slo_class) * max(raw_s, self.floor_s)
 
+    def applied(self, class_names: Sequence[str]) -> dict[str, float]:
+        """The factor each of `class_names` and class-less requests ("none") have their
+        estimates scaled by now: a class's own, or the pooled one; empty until one is
+        learned."""
+        if not self._factors:
+            return {}
+        return {name or "none": self.factor(name) for name in (*class_names, None)}
+
     def to_dict(self) -> dict[str, float]:
         """The learned factors by class name ("all": pooled, "none": requests without a
         class); empty until one is learned."""

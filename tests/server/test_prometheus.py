@@ -234,13 +234,14 @@ def test_the_learned_ttft_correction_is_a_gauge_per_class():
     correction = Correction(min_samples=2)
     for _ in range(2):
         correction.observe("gold", 0.4, 0.6)  # 1.5x slower than estimated
-        correction.observe(None, 0.4, 0.4)
-    factors.update(correction.to_dict())
+    correction.observe(None, 0.4, 0.4)  # one sample: "none" borrows the pooled factor
+    factors.update(correction.applied(["gold", "silver"]))
     family = scrape(metrics)["superinfer:admission_ttft_correction"]
     assert family.type == "gauge"
     assert value(family, slo_class="gold") == pytest.approx(1.5)
-    assert value(family, slo_class="none") == pytest.approx(1.0)
-    assert value(family, slo_class="all") == pytest.approx(1.5)  # the 90th percentile of 4
+    assert value(family, slo_class="silver") == pytest.approx(1.5)  # pooled: 90th pct of 3
+    assert value(family, slo_class="none") == pytest.approx(1.5)
+    assert {s.labels["slo_class"] for s in family.samples} == {"gold", "silver", "none"}
     assert {s.labels["model_name"] for s in family.samples} == {MODEL}
 
 
