@@ -54,7 +54,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 RESULT = "@@model_speed@@ "  # a worker's answer line; anything else on its stdout is a log
-DEFAULT_LLAMA_PYTHON = "/tmp/fc_old/.venv/bin/python"
+DEFAULT_LLAMA_PYTHON = "/work/llama-venv/bin/python"  # as --install-llama /work/llama-venv makes
 DEFAULT_VLLM_PYTHON = "/work/vllm-venv/bin/python"
 DEFAULT_VLLM_MODEL = "/work/models/smollm2-135m-instruct-hf"
 LLAMA_CPP_VERSION = "0.3.36"
@@ -300,6 +300,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = args.skip - set(SYSTEMS) - set(PARTS)
     if unknown:
         p.error(f"--skip {sorted(unknown)}: choose from {SYSTEMS + PARTS}")
+    missing = [(flag, path) for name, flag, path in
+               (("llama", "--llama-python", args.llama_python),
+                ("vllm", "--vllm-python", args.vllm_python))
+               if name not in args.skip and not (name == "llama" and args.install_llama)
+               and not Path(path).exists()]  # fmt: skip
+    for flag, path in missing:
+        p.error(f"{flag} {path}: no such interpreter; pass one that has it installed, "
+                "--install-llama VENV for llama.cpp (compiles it: about 10 min), "
+                "or --skip llama,vllm")  # fmt: skip
     return args
 
 
