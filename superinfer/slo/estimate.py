@@ -626,7 +626,5 @@ class Correction:
         return {name or "none": self.factor(name) for name in (*class_names, None)}
 
     def to_dict(self) -> dict[str, float]:
-        """The learned factors by class name ("all": pooled, "none": requests without a
-        class); empty until one is learned."""
-        return {("all" if name is _POOLED else "none" if name is None else str(name)): round(value, 4)
+        return {("all" if name is _POOLED else str(name)): round(value, 4)
                 for name, value in self._factors.items()}  # fmt: skip
