@@ -39,9 +39,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--quantization", default="auto", help="as `superinfer serve`'s")
     parser.add_argument("--out", default=None, help="write the rounds as JSON")
     args = parser.parse_args()
-    llm = LLM(num_device_blocks=NUM_DEVICE_BLOCKS)
+    llm = LLM(num_device_blocks=NUM_DEVICE_BLOCKS, quantization=args.quantization)
     tokenizer = llm.get_tokenizer()
     llm.generate(["warm-up"], SamplingParams(max_tokens=4))
     rounds = []

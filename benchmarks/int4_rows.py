@@ -1,7 +1,9 @@
 """Which kernel is fastest, by rows in a step: the default model's linear layers, int4
 (`aten._weight_int4pack_mm_for_cpu` on the GGUF blocks), the 4-bit GEMM (`cpu_q4`, the
 same blocks) and a dense bfloat16 copy (oneDNN, prepacked): what `--quantization auto`
-chooses between (the 4-bit GEMM takes the 4-bit layers, not lm_head's Q8_0).
+chooses between (the 4-bit GEMM takes the 4-bit layers, not lm_head's Q8_0); and, where
+it runs, `w4a8`: `--quantization gguf-w4a8`'s GEMM on 8-bit activations (`cpu_w4a8`, the
+4-bit layers and lm_head's Q8_0 alike).
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/int4_rows.py \\
         --out docs/results/models/int4_rows.json
@@ -25,6 +27,7 @@ from pathlib import Path
 import torch
 
 from superinfer.model.cpu_linear import pack_linears
+from superinfer.model.cpu_w4a8 import w4a8_kernel
 from superinfer.model.loader import AUTO_MAX_INT4_ROWS, default_model_path, load_gguf_model
 from superinfer.model.quant import LM_HEAD_MAX_INT4_ROWS, Int4Linear
 
@@ -51,13 +54,16 @@ def main() -> None:
     models = {"int4": load_gguf_model(path, torch.bfloat16, cpu, "gguf")[0],
               "dense": load_gguf_model(path, torch.bfloat16, cpu, "none")[0],
               "q4": load_gguf_model(path, torch.bfloat16, cpu, "auto")[0]}  # fmt: skip
+    if w4a8_kernel() is not None:  # 8-bit activations: lm_head (Q8_0) runs on it too
+        models["w4a8"] = load_gguf_model(path, torch.bfloat16, cpu, "gguf-w4a8")[0]
     pack_linears(models["dense"])
     groups = {kernel: {kind: [layer.get_submodule(kind) for layer in model.model.layers]
                        for kind in KINDS} | {"lm_head": [model.lm_head]}
               for kernel, model in models.items()}  # fmt: skip
     assert all(isinstance(m, Int4Linear) and m.dense is None for m in groups["int4"]["lm_head"])
-    groups["q4"] = {kind: [m.q4 for m in layers] for kind, layers in groups["q4"].items()
-                    if all(isinstance(m, Int4Linear) and m.q4 for m in layers)}  # fmt: skip
+    for kernel in ("q4", "w4a8") if "w4a8" in groups else ("q4",):
+        groups[kernel] = {kind: [m.q4 for m in layers] for kind, layers in groups[kernel].items()
+                          if all(isinstance(m, Int4Linear) and m.q4 for m in layers)}  # fmt: skip
     kernels = tuple(groups)
     results = []
     with torch.inference_mode():
@@ -74,7 +80,8 @@ def main() -> None:
                         if i:  # the first round warms oneDNN's primitives up
                             times[kernel].append(ms)
                 row[kind] = {k: round(statistics.median(v), 3) for k, v in times.items()}
-            sums = {k: round(sum(row[kind][k] for kind in KINDS), 3) for k in kernels}
+            sums = {k: round(sum(row[kind][k] for kind in KINDS), 3) for k in kernels
+                    if all(k in row[kind] for kind in KINDS)}  # fmt: skip
             row["layers"] = sums
             results.append(row)
             fastest = min(sums, key=sums.get)

@@ -13,13 +13,14 @@ vLLM in their own interpreters), all workers loaded first, then timed one at a t
    wall time of generating 1 token; TPOT = (time of --decode-tokens + 1 tokens - TTFT) /
    --decode-tokens on another prompt of the same length (vLLM's TPOT, the same method for
    every system). Systems: `superinfer` (its defaults: --quantization auto on the GGUF),
+   `superinfer-w4a8` (--quantization gguf-w4a8: batched steps on 8-bit activations),
    `superinfer-bf16` (--quantization none --dtype bfloat16), `llama.cpp` (llama-cpp-python
    on the same GGUF, 2 threads) and `vllm` (vLLM's CPU build, offline `LLM`, bf16, on the
    Hugging Face export of the same weights).
 2. offline output throughput: --throughput-prompts ShareGPT prompts (the raw first turn,
    the reply's token length as output length capped at --max-output-tokens, ignore EOS)
-   submitted at once, `superinfer` (defaults) against `vllm`; a new sample every round, the
-   same for both. Both KV pools hold the whole batch (no preemption): the size is computed
+   submitted at once, `superinfer` (defaults) and `superinfer-w4a8` against `vllm`; a new
+   sample every round, the same for all. Both KV pools hold the whole batch (no preemption): the size is computed
    from the model's profile (superinfer.sim.models, through the model registry).
 3. memory: RSS of `superinfer serve` on the default model after warm-up traffic
    (benchmarks/server_memory.py, one short round), and each worker's process-tree RSS.
@@ -60,7 +61,7 @@ DEFAULT_VLLM_MODEL = "/work/models/smollm2-135m-instruct-hf"
 LLAMA_CPP_VERSION = "0.3.36"
 # llama.cpp's AMX path dies with "Illegal instruction" on this machine's processor
 LLAMA_CMAKE_ARGS = "-DGGML_NATIVE=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
-SYSTEMS = ("superinfer", "superinfer-bf16", "llama", "vllm")
+SYSTEMS = ("superinfer", "superinfer-w4a8", "superinfer-bf16", "llama", "vllm")
 PARTS = ("latency", "throughput", "memory", "row1", "row2")
 ROW1, ROW2 = "smollm2-135m", "qwen3-0.6b-shape"
 
@@ -304,7 +305,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                (("llama", "--llama-python", args.llama_python),
                 ("vllm", "--vllm-python", args.vllm_python))
                if name not in args.skip and not (name == "llama" and args.install_llama)
-               and not Path(path).exists()]  # fmt: skip
+               and not args.worker and not Path(path).exists()]  # fmt: skip
     for flag, path in missing:
         p.error(f"{flag} {path}: no such interpreter; pass one that has it installed, "
                 "--install-llama VENV for llama.cpp (compiles it: about 10 min), "
@@ -425,6 +426,8 @@ def start_workers(
     common = {"max_model_len": 2048, "device_kv_gib": kv_bytes / 2**30}
     specs = {
         "superinfer": ("superinfer", sys.executable, {"model": row["gguf"], "options": common}),
+        "superinfer-w4a8": ("superinfer", sys.executable, {"model": row["gguf"], "options": {
+            **common, "quantization": "gguf-w4a8"}}),
         "superinfer-bf16": ("superinfer", sys.executable, {"model": row["hf_dir"], "options": {
             **common, "dtype": "bfloat16", "quantization": "none"}}),
         "llama": ("llama", args.llama_python, {"model": row["gguf"], "threads": args.threads,
@@ -497,7 +500,7 @@ def sharegpt_batches(args: argparse.Namespace) -> tuple[list[dict], int]:
 
 
 def measure_throughput(args: argparse.Namespace, workers: dict[str, Worker], batches) -> dict:
-    names = [n for n in ("superinfer", "vllm") if n in workers]
+    names = [n for n in ("superinfer", "superinfer-w4a8", "vllm") if n in workers]
     warm = batches[-1]
     for name in names:
         workers[name].ask({"op": "throughput", **warm}, args.settle_s)
@@ -533,7 +536,7 @@ def summarize(values: list[float]) -> dict:
 def ratios(entry: dict[str, dict], key: str, peers: tuple[str, ...]) -> dict:
     """superinfer's median over each peer's (below 1 is faster for times)."""
     out = {}
-    for ours in ("superinfer", "superinfer-bf16"):
+    for ours in ("superinfer", "superinfer-w4a8", "superinfer-bf16"):
         for peer in peers:
             if ours in entry and peer in entry:
                 ratio = entry[ours][key]["median"] / entry[peer][key]["median"]
@@ -563,6 +566,15 @@ def run_row(args: argparse.Namespace, row: dict, logs: Path, batches) -> dict:
         for worker in workers.values():
             worker.close()
     return result
+
+
+def host(args: argparse.Namespace) -> dict:
+    """The CPU and its peak dot-product rates at --threads (benchmarks/roofline.py): hosts
+    differ between sessions (a Zen 4 and a faster one have both been seen), so a result
+    says which it ran on."""
+    from roofline import host_cpu, instruction_peaks
+
+    return {"cpu": host_cpu(), "threads": args.threads, "peaks": instruction_peaks(args.threads)}
 
 
 def versions(args: argparse.Namespace) -> dict:
@@ -623,6 +635,7 @@ def main(argv: list[str] | None = None) -> int:
                      "args": {k: sorted(v) if isinstance(v, set) else v
                               for k, v in vars(args).items() if k not in ("worker", "spec")},
                      "load_average_start": os.getloadavg(), "versions": versions(args),
+                     "host": host(args),
                      "rows": []}  # fmt: skip
     batches = None
     if "throughput" not in args.skip:

@@ -178,7 +178,9 @@ class ModelConfig:
         "auto",
         "Quantized execution, as vLLM's -q: gguf runs a GGUF file's Q4_0/Q4_1/Q8_0 linear "
         "layers on their quantized weights (CPU int4 kernel, bfloat16), none dequantizes them "
-        "to --dtype, auto is gguf where measured faster (docs/models.md).",
+        "to --dtype, auto is gguf where measured faster (docs/models.md). gguf-w4a8 runs "
+        "them on activations rounded to 8 bits, as llama.cpp computes (faster; outputs "
+        "differ slightly; CPU with AVX-512 VNNI).",
     )
     seed: int = opt(0, "Seed for requests that sample without their own seed.")
     attention_backend: str = opt(
@@ -201,11 +203,11 @@ class ModelConfig:
             raise ValueError(
                 f"dtype must be auto, half, float16, bfloat16, float or float32, got {self.dtype!r}"
             )
-        if self.quantization not in ("auto", "none", "gguf"):
+        if self.quantization not in ("auto", "none", "gguf", "gguf-w4a8"):
             raise ValueError(
-                f"--quantization {self.quantization}: not supported; auto, none or gguf (GGUF "
-                "Q4_0/Q4_1/Q8_0 kept quantized on the CPU); AWQ, GPTQ and FP8 checkpoints are "
-                "not supported yet (docs/models.md)"
+                f"--quantization {self.quantization}: not supported; auto, none, gguf or "
+                "gguf-w4a8 (GGUF Q4_0/Q4_1/Q8_0 kept quantized on the CPU); AWQ, GPTQ and FP8 "
+                "checkpoints are not supported yet (docs/models.md)"
             )
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")

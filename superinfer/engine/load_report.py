@@ -35,8 +35,10 @@ def _model_line(engine: LLMEngine) -> str:
         quantization = "none"
     elif info.num_quantized_linears:  # the int4 kernel (model/quant.py) on the GGUF blocks
         embedding = ", the token embedding kept Q8_0" if info.is_embedding_quantized else ""
+        kernel = ("on 8-bit activations (gguf-w4a8)" if config.quantization == "gguf-w4a8"
+                  else "int4 kernel")  # fmt: skip
         quantization = (f"{info.quantization} ({info.format}, {info.num_quantized_linears} "
-                        f"linear layers run quantized, int4 kernel{embedding}; the rest in "
+                        f"linear layers run quantized, {kernel}{embedding}; the rest in "
                         f"{_name(engine.dtype)})")  # fmt: skip
     else:
         quantization = (f"{info.quantization} ({info.format}, dequantized to "

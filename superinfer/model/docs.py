@@ -63,6 +63,17 @@ is faster than oneDNN's bfloat16 GEMM from 5 rows to 256. A Q8_0 layer, or any l
 that kernel cannot run, keeps a dense bfloat16 copy of the same weights for steps of more
 than 8 rows (lm_head: 2).
 
+`gguf-w4a8` runs every step of those layers on 8-bit activations, as llama.cpp computes
+its Q4 and Q8_0 formats: each row is rounded to int8 per block of 32 inputs and
+multiplied by the 4-bit or 8-bit values with AVX-512 VNNI
+(`superinfer/model/csrc/q4_q8_linear.c`), 64 multiply-adds an instruction against
+bfloat16's 32, with no dequantization and no dense copy. It is faster than `auto` at every
+step size, from a single request's decode to prefill (docs/results/models/w4a8_1205/),
+and since each row is quantized on its own, a request's tokens do not depend on what
+shares its steps. The cost is in quality: on the default model perplexity rises 0.27%
+against `auto` (float32 is 0.02% below it), and greedy replies part from `auto`'s as often
+as float32's do (`benchmarks/w4a8_quality.py`). It is opt-in for that reason.
+
 ## Adding a model
 
 1. Write `superinfer/model/families/<family>.py`: a function from the HF `config.json` dict

@@ -26,7 +26,7 @@ from superinfer.model.tokenizer import load_tokenizer
 logger = logging.getLogger(__name__)
 
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-QUANTIZATIONS = ("auto", "none", "gguf")
+QUANTIZATIONS = ("auto", "none", "gguf", "gguf-w4a8")
 AUTO_INT4 = True  # measured faster (single-request TPOT): benchmarks/quantized_decode.py
 AUTO_MAX_INT4_ROWS = 8  # auto: larger steps run a dense copy if no 4-bit GEMM (int4_rows.py)
 
@@ -87,7 +87,9 @@ def load_model(
     linear layers on their quantized weights (CPU, `superinfer.model.quant`); "none"
     dequantizes them to `dtype`; "auto" is "gguf" where that was measured faster
     (`auto_quantizes`), for steps of a few rows (decode of a few sequences), with the 4-bit
-    GEMM of `cpu_q4` (or, for Q8_0 layers, dense copies) for larger steps; else "none"."""
+    GEMM of `cpu_q4` (or, for Q8_0 layers, dense copies) for larger steps; else "none".
+    "gguf-w4a8" runs every step of the GGUF's quantized layers on `cpu_w4a8`'s GEMM, which
+    rounds activations to 8 bits as llama.cpp does (CPU, bfloat16)."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
     path = default_model_path() if model is None else resolve_model(model)
@@ -196,11 +198,16 @@ def load_gguf_model(
     model = build_model(config, checkpoint.weights(), dtype, device, checkpoint.interleaved_qk)
     swapped, is_embedding_quantized = [], False
     if _quantizes(quantization, dtype, device):
-        hybrid = AUTO_MAX_INT4_ROWS if quantization == "auto" else None
-        swapped = quantize_linears(model, checkpoint.tensors, checkpoint.interleaved_qk, hybrid)
+        # gguf-w4a8: every step on 8-bit activations, faster than the int4 kernel from one
+        # row (benchmarks/int4_rows.py), and a row's result does not depend on the others
+        hybrid = {"gguf": None, "gguf-w4a8": 0}.get(quantization, AUTO_MAX_INT4_ROWS)
+        swapped = quantize_linears(model, checkpoint.tensors, checkpoint.interleaved_qk, hybrid,
+                                   is_w4a8=quantization == "gguf-w4a8")  # fmt: skip
         is_embedding_quantized = quantize_embedding(model, checkpoint.tensors)
-    if quantization == "gguf" and not swapped:
-        raise ValueError(f"--quantization gguf: {path} has no Q4_0, Q4_1 or Q8_0 linear layer")
+    if quantization.startswith("gguf") and not swapped:
+        raise ValueError(
+            f"--quantization {quantization}: {path} has no Q4_0, Q4_1 or Q8_0 linear layer"
+        )
     info = CheckpointInfo(path, "gguf", checkpoint.architecture, checkpoint.quantization,
                           len(swapped), is_embedding_quantized)  # fmt: skip
     return model, info
@@ -211,6 +218,11 @@ def _quantizes(quantization: str, dtype: torch.dtype, device: torch.device) -> b
         return False
     if quantization == "gguf" and (device.type != "cpu" or not int4_kernel_available()):
         raise ValueError("--quantization gguf runs on the CPU, with torch's int4 kernel")
+    if quantization == "gguf-w4a8":
+        if device.type != "cpu" or dtype != torch.bfloat16 or not int4_kernel_available():
+            raise ValueError("--quantization gguf-w4a8 runs on the CPU in bfloat16 (--dtype "
+                             f"bfloat16 or auto), not {device.type} in {dtype}")  # fmt: skip
+        return True
     return quantization == "gguf" or auto_quantizes(dtype, device)
 
 

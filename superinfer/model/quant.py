@@ -15,7 +15,9 @@ Fused projections (q/k/v, gate/up) concatenate their GGUF tensors' rows, which i
 
 Steps of more rows than the int4 kernel is fast for (prefill, batched decode) run, for the
 4-bit layers, the 4-bit GEMM of `cpu_q4` on the same weights, and for Q8_0 layers (and
-where that kernel cannot run) on a dense copy of the weights.
+where that kernel cannot run) on a dense copy of the weights. Under `--quantization
+gguf-w4a8` the 4-bit layers' larger steps run the 4-bit x 8-bit GEMM of `cpu_w4a8`
+instead (llama.cpp's arithmetic: activations rounded to 8 bits per block of 32).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from gguf import GGMLQuantizationType, ReaderTensor
 from torch import Tensor, nn
 
 from superinfer.model.cpu_q4 import Q4Weights, q4_kernel
+from superinfer.model.cpu_w4a8 import W4A8Kernel, W4A8Weights, w4a8_kernel
 
 GROUP = 32
 # measured on the default model (benchmarks/int4_rows.py): the int4 lm_head is faster at
@@ -61,7 +64,7 @@ class Int4Linear(nn.Module):
         super().__init__()
         self.bias = bias
         self.dense: nn.Module | None = None  # see `keep_dense`
-        self.q4: Q4Weights | None = None  # see `keep_q4`
+        self.q4: Q4Weights | W4A8Weights | None = None  # see `keep_q4`
         self.max_int4_rows = sys.maxsize  # a plain attribute: read on every call
         self.in_features, self.out_features = in_features, nibbles.shape[0]
         self.num_planes = nibbles.shape[1] // in_features
@@ -94,10 +97,13 @@ class Int4Linear(nn.Module):
         rows on the default model, 1.8x slower at 32)."""
         self.dense, self.max_int4_rows = linear, max_int4_rows
 
-    def keep_q4(self, weights: Q4Weights, max_int4_rows: int) -> None:
-        """Run steps of more than `max_int4_rows` rows on the 4-bit GEMM (`cpu_q4`) over
-        `weights`, this layer's own packed for it: no dense copy."""
+    def keep_q4(self, weights: Q4Weights | W4A8Weights, max_int4_rows: int) -> None:
+        """Run steps of more than `max_int4_rows` rows on the 4-bit GEMM (`cpu_q4`, or
+        `cpu_w4a8`'s with 8-bit activations) over `weights`, this layer's own packed for
+        it: no dense copy. At 0, every step does, and the int4 kernel's copy is freed."""
         self.q4, self.max_int4_rows = weights, max_int4_rows
+        if max_int4_rows == 0:
+            self.packed = self.scales_zeros = None
 
     def forward(self, x: Tensor) -> Tensor:
         if x.shape[0] > self.max_int4_rows:  # only once `keep_dense` or `keep_q4` ran
@@ -201,6 +207,7 @@ def quantize_linears(
     tensors: dict[str, ReaderTensor],
     interleaved_qk: bool,
     max_int4_rows: int | None = None,
+    is_w4a8: bool = False,
 ) -> list[str]:
     """Swap the model's linear layers whose GGUF tensors are all Q4_0, Q4_1 or Q8_0 (the
     same planes' width) for Int4Linear; returns the names swapped. Call it after the
@@ -212,7 +219,9 @@ def quantize_linears(
     as before, keeps short prefills and small batches on one kernel whether they run alone
     or together (a seeded request then samples the same tokens). lm_head leaves
     the int4 kernel sooner, after LM_HEAD_MAX_INT4_ROWS: on one (vocab, hidden) matrix
-    oneDNN's bfloat16 GEMM reads at full bandwidth (benchmarks/int4_rows.py)."""
+    oneDNN's bfloat16 GEMM reads at full bandwidth (benchmarks/int4_rows.py). With
+    `is_w4a8` (and `max_int4_rows`), the larger steps of every swapped layer (4-bit and
+    Q8_0) run `cpu_w4a8`'s GEMM instead, which rounds their activations to 8 bits."""
     config = model.config
     sources = {"lm_head": ("output" if "output.weight" in tensors else "token_embd",)}
     for i in range(config.num_layers):
@@ -236,11 +245,16 @@ def quantize_linears(
         int4 = Int4Linear(*fused, linear.in_features, linear.bias)
         if max_int4_rows is not None:
             # the larger steps compute with the int4 kernel's weights (same rounded scales):
-            # a request's tokens do not depend on how many rows shared its steps
-            q4 = q4_kernel() if int4.num_planes == 1 else None
+            # a request's tokens do not depend on how many rows shared its steps (but for
+            # is_w4a8, whose rounded activations make them depend on it anyway)
             rows = min(max_int4_rows, LM_HEAD_MAX_INT4_ROWS) if name == "lm_head" else max_int4_rows
-            if q4 is not None:
-                int4.keep_q4(q4.pack(*fused, linear.bias), rows)
+            if is_w4a8:  # 4-bit and Q8_0 layers alike
+                weights = _w4a8_kernel().pack_planes(*fused, linear.in_features, linear.bias)
+            else:
+                q4 = q4_kernel() if int4.num_planes == 1 else None
+                weights = None if q4 is None else q4.pack(*fused, linear.bias)
+            if weights is not None:
+                int4.keep_q4(weights, rows)
             else:
                 weight = int4.dequantized(*fused, linear.weight.dtype)
                 linear.weight = nn.Parameter(weight, requires_grad=False)  # unties lm_head
@@ -248,6 +262,14 @@ def quantize_linears(
         setattr(model.get_submodule(parent), child, int4)
         swapped.append(name)
     return swapped
+
+
+def _w4a8_kernel() -> W4A8Kernel:
+    kernel = w4a8_kernel()
+    if kernel is None:
+        raise ValueError("--quantization gguf-w4a8 needs a CPU with AVX-512 VNNI and BF16 and "
+                         "the CPU kernels built (see the log); use auto")  # fmt: skip
+    return kernel
 
 
 def _interleave(planes: tuple[Tensor, ...], head_dim: int) -> tuple[Tensor, ...]:
