@@ -16,8 +16,8 @@ Fused projections (q/k/v, gate/up) concatenate their GGUF tensors' rows, which i
 Steps of more rows than the int4 kernel is fast for (prefill, batched decode) run, for the
 4-bit layers, the 4-bit GEMM of `cpu_q4` on the same weights, and for Q8_0 layers (and
 where that kernel cannot run) on a dense copy of the weights. Under `--quantization
-gguf-w4a8` the 4-bit layers' larger steps run the 4-bit x 8-bit GEMM of `cpu_w4a8`
-instead (llama.cpp's arithmetic: activations rounded to 8 bits per block of 32).
+gguf-w4a8` every step of the 4-bit and Q8_0 layers runs the GEMM of `cpu_w4a8` instead
+(llama.cpp's arithmetic: activations rounded to 8 bits per block of 32).
 """
 
 from __future__ import annotations
@@ -245,8 +245,8 @@ def quantize_linears(
         int4 = Int4Linear(*fused, linear.in_features, linear.bias)
         if max_int4_rows is not None:
             # the larger steps compute with the int4 kernel's weights (same rounded scales):
-            # a request's tokens do not depend on how many rows shared its steps (but for
-            # is_w4a8, whose rounded activations make them depend on it anyway)
+            # a request's tokens do not depend on how many rows shared its steps (is_w4a8:
+            # the loader passes 0, so that every step runs one kernel, row by row)
             rows = min(max_int4_rows, LM_HEAD_MAX_INT4_ROWS) if name == "lm_head" else max_int4_rows
             if is_w4a8:  # 4-bit and Q8_0 layers alike
                 weights = _w4a8_kernel().pack_planes(*fused, linear.in_features, linear.bias)

@@ -1,6 +1,6 @@
-/* A linear layer over 4-bit weights in GGUF's blocks of 32, with the activations quantized
- * to 8 bits in blocks of 32 as ggml quantizes them for its own Q4 dot products (Q8_1: a
- * scale per 32 inputs, round to nearest), for steps of many rows on the CPU.
+/* A linear layer over 4-bit weights in GGUF's blocks of 32 (or Q8_0's 8-bit ones, below),
+ * with the activations quantized to 8 bits in blocks of 32 as ggml quantizes them for its
+ * own dot products (Q8_1: a scale per 32 inputs, round to nearest), on the CPU.
  *
  * Built with the other kernels by superinfer/model/cpu_kernels.py and called through
  * ctypes (superinfer/model/cpu_w4a8.py, for `--quantization gguf-w4a8`). Where
