@@ -109,6 +109,8 @@ class W4A8Kernel:
         if x.stride(-1) != 1:
             x = x.contiguous()
         y = torch.empty((x.shape[0], weights.num_out), dtype=torch.bfloat16)
+        if x.shape[0] == 0:
+            return y
         status = self._linear[weights.is_q8](
             x.data_ptr(), x.stride(0), x.shape[0], weights.num_in, weights.packed.data_ptr(),
             weights.scales.data_ptr(),

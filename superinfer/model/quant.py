@@ -102,8 +102,9 @@ class Int4Linear(nn.Module):
         `cpu_w4a8`'s with 8-bit activations) over `weights`, this layer's own packed for
         it: no dense copy. At 0, every step does, and the int4 kernel's copy is freed."""
         self.q4, self.max_int4_rows = weights, max_int4_rows
-        if max_int4_rows == 0:
+        if max_int4_rows == 0:  # every step, an empty one too
             self.packed = self.scales_zeros = None
+            self.max_int4_rows = -1
 
     def forward(self, x: Tensor) -> Tensor:
         if x.shape[0] > self.max_int4_rows:  # only once `keep_dense` or `keep_q4` ran
