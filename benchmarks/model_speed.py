@@ -13,15 +13,16 @@ vLLM in their own interpreters), all workers loaded first, then timed one at a t
    wall time of generating 1 token; TPOT = (time of --decode-tokens + 1 tokens - TTFT) /
    --decode-tokens on another prompt of the same length (vLLM's TPOT, the same method for
    every system). Systems: `superinfer` (its defaults: --quantization auto on the GGUF),
-   `superinfer-w4a8` (--quantization gguf-w4a8: batched steps on 8-bit activations),
+   `superinfer-w4a8` (--quantization gguf-w4a8: every step on 8-bit activations),
    `superinfer-bf16` (--quantization none --dtype bfloat16), `llama.cpp` (llama-cpp-python
    on the same GGUF, 2 threads) and `vllm` (vLLM's CPU build, offline `LLM`, bf16, on the
    Hugging Face export of the same weights).
 2. offline output throughput: --throughput-prompts ShareGPT prompts (the raw first turn,
    the reply's token length as output length capped at --max-output-tokens, ignore EOS)
    submitted at once, `superinfer` (defaults) and `superinfer-w4a8` against `vllm`; a new
-   sample every round, the same for all. Both KV pools hold the whole batch (no preemption): the size is computed
-   from the model's profile (superinfer.sim.models, through the model registry).
+   sample every round, the same for all. Every KV pool holds the whole batch (no
+   preemption): the size is computed from the model's profile (superinfer.sim.models,
+   through the model registry).
 3. memory: RSS of `superinfer serve` on the default model after warm-up traffic
    (benchmarks/server_memory.py, one short round), and each worker's process-tree RSS.
 

@@ -33,31 +33,28 @@ import tempfile
 import time
 from pathlib import Path
 
+from superinfer.sim.models import ModelProfile
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 
-def round_flops(config: dict, prompts: list[list[int]], num_new: list[int]) -> dict[str, float]:
-    """Arithmetic of one round (2 FLOP a multiply-add), by part, from an HF config dict."""
-    hidden, layers = config["hidden_size"], config["num_hidden_layers"]
-    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
-    head_dim = config.get("head_dim") or hidden // heads
-    inner, vocab = config["intermediate_size"], config["vocab_size"]
-    layer_params = (hidden * (heads + 2 * kv_heads) * head_dim  # qkv
-                    + heads * head_dim * hidden  # o
-                    + 3 * hidden * inner)  # gate, up, down  # fmt: skip
+def round_flops(profile: ModelProfile, prompts: list[list[int]],
+                num_new: list[int]) -> dict[str, float]:  # fmt: skip
+    """Arithmetic of one round, by part, as the simulator's roofline counts it
+    (`superinfer.sim.models.ModelProfile`: 2 FLOP a multiply-add)."""
+    layer_flops = 2 * (profile.num_active_params - profile.num_embedding_params)
     num_prompt = sum(len(p) for p in prompts)
     num_decode = sum(n - 1 for n in num_new)  # the first token comes out of the prefill
-    # q.k and p.v: 4 * head_dim FLOP per (query, key) pair and query head, causal
-    pairs = 0
+    pairs = 0  # (query, key) pairs, causal
     for prompt, n in zip(prompts, num_new, strict=True):
         length = len(prompt)
         pairs += length * (length + 1) // 2  # prefill
         pairs += sum(length + i + 1 for i in range(1, n))  # each decode token
     return {
-        "linear": 2.0 * layers * layer_params * (num_prompt + num_decode),
-        "lm_head": 2.0 * vocab * hidden * sum(num_new),
-        "attention": 4.0 * head_dim * heads * layers * pairs,
+        "linear": float(layer_flops * (num_prompt + num_decode)),
+        "lm_head": float(profile.lm_head_flops_per_token * sum(num_new)),
+        "attention": float(profile.attention_flops_per_pair * pairs),
         "num_prompt_tokens": num_prompt,
         "num_output_tokens": sum(num_new),
     }
@@ -129,9 +126,9 @@ def main() -> None:
     result = json.loads(Path(args.result).read_text())
     run_args = argparse.Namespace(**result["args"])
     row = result["rows"][0]
-    config = json.loads((Path(row["model"]["hf_dir"]) / "config.json").read_text())
+    profile = ModelProfile.from_hf_dir(row["model"]["hf_dir"])
     batches, _ = model_speed.sharegpt_batches(run_args)
-    works = [round_flops(config, b["prompts"], b["num_new"]) for b in batches[: run_args.rounds]]
+    works = [round_flops(profile, b["prompts"], b["num_new"]) for b in batches[: run_args.rounds]]
 
     threads = run_args.threads
     peaks = {"gemm": gemm_peak(threads), **instruction_peaks(threads)}
