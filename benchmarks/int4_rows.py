@@ -1,9 +1,10 @@
 """Which kernel is fastest, by rows in a step: the default model's linear layers, int4
-(`aten._weight_int4pack_mm_for_cpu` on the GGUF blocks), the 4-bit GEMM (`cpu_q4`, the
-same blocks) and a dense bfloat16 copy (oneDNN, prepacked): what `--quantization auto`
-chooses between (the 4-bit GEMM takes the 4-bit layers, not lm_head's Q8_0); and, where
-it runs, `w4a8`: `--quantization gguf-w4a8`'s GEMM on 8-bit activations (`cpu_w4a8`, the
-4-bit layers and lm_head's Q8_0 alike).
+(`aten._weight_int4pack_mm_for_cpu` on the GGUF blocks), the few-row GEMV (`cpu_gemv`, up
+to 8 rows, the same blocks; lm_head's Q8_0 too), the 4-bit GEMM (`cpu_q4`, the same
+blocks) and a dense bfloat16 copy (oneDNN, prepacked): what `--quantization auto` chooses
+between (the 4-bit GEMM takes the 4-bit layers, not lm_head's Q8_0); and, where it runs,
+`w4a8`: `--quantization gguf-w4a8`'s GEMM on 8-bit activations (`cpu_w4a8`, the 4-bit
+layers and lm_head's Q8_0 alike).
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/int4_rows.py \\
         --out docs/results/models/int4_rows.json
@@ -19,6 +20,7 @@ over the layers and which kernel is fastest, and where `auto` switches.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -26,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from superinfer.model.cpu_gemv import MAX_ROWS as GEMV_MAX_ROWS
+from superinfer.model.cpu_gemv import gemv_kernel
 from superinfer.model.cpu_linear import pack_linears
 from superinfer.model.cpu_w4a8 import w4a8_kernel
 from superinfer.model.loader import AUTO_MAX_INT4_ROWS, default_model_path, load_gguf_model
@@ -61,6 +65,10 @@ def main() -> None:
                        for kind in KINDS} | {"lm_head": [model.lm_head]}
               for kernel, model in models.items()}  # fmt: skip
     assert all(isinstance(m, Int4Linear) and m.dense is None for m in groups["int4"]["lm_head"])
+    if gemv_kernel() is not None:  # auto's steps of up to GEMV_MAX_ROWS rows
+        groups["gemv"] = {kind: [functools.partial(m.gemv, weights=m.gemv_weights)
+                                 for m in layers]
+                          for kind, layers in groups["q4"].items()}  # fmt: skip
     for kernel in ("q4", "w4a8") if "w4a8" in groups else ("q4",):
         groups[kernel] = {kind: [m.q4 for m in layers] for kind, layers in groups[kernel].items()
                           if all(isinstance(m, Int4Linear) and m.q4 for m in layers)}  # fmt: skip
@@ -70,7 +78,8 @@ def main() -> None:
         for num_rows in (int(r) for r in args.rows.split(",")):
             row: dict = {"rows": num_rows}
             for kind in (*KINDS, "lm_head"):
-                present = [k for k in kernels if kind in groups[k]]
+                present = [k for k in kernels if kind in groups[k]
+                           and (k != "gemv" or num_rows <= GEMV_MAX_ROWS)]  # fmt: skip
                 num_in = groups["int4"][kind][0].in_features
                 times: dict[str, list[float]] = {k: [] for k in present}
                 for i in range(args.rounds + 1):
@@ -91,8 +100,9 @@ def main() -> None:
                 f"{num_rows:4d} rows   layers: {layers} ({fastest})   lm_head: {head}", flush=True
             )
     print(
-        f"auto: int4 up to {AUTO_MAX_INT4_ROWS} rows, then the 4-bit GEMM (a dense copy where "
-        f"it cannot run); lm_head up to {LM_HEAD_MAX_INT4_ROWS}"
+        f"auto: the GEMV (int4 where it cannot run; lm_head then up to {LM_HEAD_MAX_INT4_ROWS})"
+        f" up to {AUTO_MAX_INT4_ROWS} rows, then the 4-bit GEMM (a dense copy where it cannot "
+        "run)"
     )
     if args.out:
         out = {"command": "benchmarks/int4_rows.py " + " ".join(

@@ -1,7 +1,7 @@
 """4-bit GGUF weights multiplied by many rows at once on the CPU (`csrc/q4_linear.c`).
 
-PyTorch's int4 kernel is the fastest for a few rows (decode of a few sequences) but
-dequantizes each weight once per row: from about 8 rows on, a dense bfloat16 GEMM beat it,
+PyTorch's int4 kernel was the fastest for a few rows (decode of a few sequences; now
+`cpu_gemv`'s GEMV, on these same packed weights) but dequantizes each weight once per row: from about 8 rows on, a dense bfloat16 GEMM beat it,
 so each quantized layer used to keep a bfloat16 copy of its weights for prefill and
 batched decode (202 MB of the default model). This kernel dequantizes each strip of 32
 output columns once per call and runs every row against it with AVX-512 BF16 dot

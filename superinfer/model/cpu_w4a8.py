@@ -100,9 +100,8 @@ class W4A8Kernel:
         4-bit, or as the 8-bit values the two planes hold."""
         if nibbles.shape[1] == num_in:
             return self.pack(nibbles, scales, zeros, bias)
-        num_blocks = num_in // BLOCK  # planes [lo | hi] of q + 128, scales [d | 16 d]
-        values = nibbles[:, :num_in].int() + 16 * nibbles[:, num_in:].int() - 128
-        return self.pack_q8(values, scales[:, :num_blocks], bias)
+        num_blocks = num_in // BLOCK  # scales [d | 16 d]
+        return self.pack_q8(q8_plane_values(nibbles, num_in), scales[:, :num_blocks], bias)
 
     def __call__(self, x: Tensor, weights: W4A8Weights) -> Tensor:
         """x (rows, K) bfloat16, each row contiguous -> (rows, N) bfloat16."""
@@ -120,6 +119,14 @@ class W4A8Kernel:
         if status != 0:
             raise RuntimeError(f"the 8-bit-activation GEMM failed ({status})")
         return y
+
+
+def q8_plane_values(nibbles: Tensor, num_in: int) -> Tensor:
+    """The int8 values (N, num_in) of a Q8_0 layer's two 4-bit planes (`quant.int4_planes`:
+    q + 128 = 16 hi + lo, side by side), in bytes only: the lm_head of a large vocabulary
+    has tens of millions of weights."""
+    unsigned = nibbles[:, :num_in].to(torch.uint8) | (nibbles[:, num_in:].to(torch.uint8) << 4)
+    return (unsigned ^ 0x80).view(torch.int8)  # q + 128 with its top bit flipped: q
 
 
 @functools.cache

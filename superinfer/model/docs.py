@@ -54,14 +54,17 @@ context; their local layers still skip the blocks out of the window.
 
 `auto` (the default) is `gguf` where benchmarks/quantized_decode.py measured it faster
 (the CPU, in bfloat16), else `none` (`superinfer.model.loader.auto_quantizes`). On the CPU
-it is a hybrid, by the rows a step multiplies (`benchmarks/int4_rows.py`): the int4 kernel
-reads a quarter of the bytes but dequantizes each weight once per row, so it runs steps of
-at most 8 rows (decode of a few requests). Larger steps (prefill, big batches) of a 4-bit
-layer run superinfer's 4-bit GEMM (`superinfer/model/csrc/q4_linear.c`, CPUs with AVX-512
-BF16), which dequantizes each weight once per step, to the weights rounded to bfloat16, and
-is faster than oneDNN's bfloat16 GEMM from 5 rows to 256. A Q8_0 layer, or any layer where
-that kernel cannot run, keeps a dense bfloat16 copy of the same weights for steps of more
-than 8 rows (lm_head: 2).
+it is a hybrid, by the rows a step multiplies (`benchmarks/int4_rows.py`). Steps of at
+most 8 rows (decode of a few requests) are bound by reading the weights; on CPUs with
+AVX-512 BF16 they run superinfer's few-row GEMV (`superinfer/model/csrc/q_gemv.c`), which
+multiplies each block's 4-bit or 8-bit values as they are and applies the block's scale and
+zero once per row: the int4 kernel's function of the same weights, in 0.7x its time at one
+row (lm_head: 0.6x), each row computed on its own (elsewhere PyTorch's int4 kernel runs
+them). Larger steps (prefill, big batches) of a 4-bit layer run superinfer's 4-bit GEMM
+(`superinfer/model/csrc/q4_linear.c`), which dequantizes each weight once per step, to the
+weights rounded to bfloat16, and is faster than oneDNN's bfloat16 GEMM from 5 rows to 256.
+A Q8_0 layer, or any layer where that kernel cannot run, keeps a dense bfloat16 copy of the
+same weights for steps of more than 8 rows (lm_head: 4 with the GEMV, 2 without).
 
 `gguf-w4a8` runs every step of those layers on 8-bit activations, as llama.cpp computes
 its Q4 and Q8_0 formats: each row is rounded to int8 per block of 32 inputs and

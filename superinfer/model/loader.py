@@ -86,8 +86,9 @@ def load_model(
     `quantization` (vLLM's `--quantization`): "gguf" runs a GGUF file's Q4_0, Q4_1 and Q8_0
     linear layers on their quantized weights (CPU, `superinfer.model.quant`); "none"
     dequantizes them to `dtype`; "auto" is "gguf" where that was measured faster
-    (`auto_quantizes`), for steps of a few rows (decode of a few sequences), with the 4-bit
-    GEMM of `cpu_q4` (or, for Q8_0 layers, dense copies) for larger steps; else "none".
+    (`auto_quantizes`), for steps of a few rows (decode of a few sequences; on `cpu_gemv`'s
+    GEMV where it runs), with the 4-bit GEMM of `cpu_q4` (or, for Q8_0 layers, dense
+    copies) for larger steps; else "none".
     "gguf-w4a8" runs every step of the GGUF's quantized layers on `cpu_w4a8`'s GEMM, which
     rounds activations to 8 bits as llama.cpp does (CPU, bfloat16)."""
     if quantization not in QUANTIZATIONS:

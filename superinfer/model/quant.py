@@ -13,9 +13,11 @@ are then rounded to bfloat16, the kernel's dtype):
 
 Fused projections (q/k/v, gate/up) concatenate their GGUF tensors' rows, which is exact.
 
-Steps of more rows than the int4 kernel is fast for (prefill, batched decode) run, for the
-4-bit layers, the 4-bit GEMM of `cpu_q4` on the same weights, and for Q8_0 layers (and
-where that kernel cannot run) on a dense copy of the weights. Under `--quantization
+Under `auto`, steps of a few rows run the few-row GEMV of `cpu_gemv` where it runs (the
+same function of the same weights, faster; the int4 kernel's copy is then freed). Steps of
+more rows than that (prefill, batched decode) run, for the 4-bit layers, the 4-bit GEMM of
+`cpu_q4` on the same weights, and for Q8_0 layers (and where that kernel cannot run) on a
+dense copy of the weights. Under `--quantization
 gguf-w4a8` every step of the 4-bit and Q8_0 layers runs the GEMM of `cpu_w4a8` instead
 (llama.cpp's arithmetic: activations rounded to 8 bits per block of 32).
 """
@@ -29,6 +31,8 @@ import torch
 from gguf import GGMLQuantizationType, ReaderTensor
 from torch import Tensor, nn
 
+from superinfer.model.cpu_gemv import MAX_ROWS as GEMV_MAX_ROWS
+from superinfer.model.cpu_gemv import GemvKernel, Q8Weights, gemv_kernel
 from superinfer.model.cpu_q4 import Q4Weights, q4_kernel
 from superinfer.model.cpu_w4a8 import W4A8Kernel, W4A8Weights, w4a8_kernel
 
@@ -36,6 +40,9 @@ GROUP = 32
 # measured on the default model (benchmarks/int4_rows.py): the int4 lm_head is faster at
 # 1-2 rows (2.0 against 2.6 ms at 1), the dense one from 3 (2.6 against 4.3 ms at 4)
 LM_HEAD_MAX_INT4_ROWS = 2
+# the GEMV's lm_head (Q8_0) is faster up to 4 rows (1.2 against 1.8 ms at 4), the dense
+# one from 6 (2.1 against 2.4 ms; docs/results/models/gemv_1205/)
+LM_HEAD_GEMV_MAX_ROWS = 4
 _DEQUANT_ROWS = 4096
 QUANT_TYPES = {
     GGMLQuantizationType.Q4_0: "Q4_0",
@@ -65,6 +72,8 @@ class Int4Linear(nn.Module):
         self.bias = bias
         self.dense: nn.Module | None = None  # see `keep_dense`
         self.q4: Q4Weights | W4A8Weights | None = None  # see `keep_q4`
+        self.gemv: GemvKernel | None = None  # see `keep_gemv`
+        self.gemv_weights: Q4Weights | Q8Weights | None = None
         self.max_int4_rows = sys.maxsize  # a plain attribute: read on every call
         self.in_features, self.out_features = in_features, nibbles.shape[0]
         self.num_planes = nibbles.shape[1] // in_features
@@ -106,6 +115,15 @@ class Int4Linear(nn.Module):
             self.packed = self.scales_zeros = None
             self.max_int4_rows = -1
 
+    def keep_gemv(self, kernel: GemvKernel, weights: Q4Weights | Q8Weights) -> None:
+        """Run steps of up to `max_int4_rows` rows (at most `cpu_gemv.MAX_ROWS`) on the
+        few-row GEMV of `cpu_gemv` over `weights` (this layer's, bias included) instead of
+        the int4 kernel, whose copy is freed. Call it after `keep_q4` or `keep_dense`."""
+        if self.max_int4_rows > GEMV_MAX_ROWS:
+            raise ValueError(f"the GEMV takes at most {GEMV_MAX_ROWS} rows")
+        self.gemv, self.gemv_weights = kernel, weights
+        self.packed = self.scales_zeros = None
+
     def forward(self, x: Tensor) -> Tensor:
         if x.shape[0] > self.max_int4_rows:  # only once `keep_dense` or `keep_q4` ran
             if self.q4 is None:
@@ -115,6 +133,9 @@ class Int4Linear(nn.Module):
         dtype = x.dtype  # conversions only where needed: a decode step makes 120 calls
         if dtype != torch.bfloat16:
             x = x.to(torch.bfloat16)
+        if self.gemv is not None:
+            y = self.gemv(x, self.gemv_weights)
+            return y if dtype == torch.bfloat16 else y.to(dtype)
         if self.num_planes == 2:
             x = torch.cat([x, x], -1)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP, self.scales_zeros)
@@ -123,8 +144,9 @@ class Int4Linear(nn.Module):
         return y if self.bias is None else y.add_(self.bias)
 
     def extra_repr(self) -> str:
+        small = "GEMV" if self.gemv is not None else "int4"
         more = ", 4-bit GEMM" if self.q4 is not None else ", dense" if self.dense else ""
-        return f"in_features={self.in_features}, out_features={self.out_features}, int4{more}"
+        return f"in_features={self.in_features}, out_features={self.out_features}, {small}{more}"
 
 
 class Q8Embedding(nn.Module):
@@ -218,9 +240,11 @@ def quantize_linears(
     GEMM is faster from 5 rows, but it rounds its weights to bfloat16 as the dense copy
     did, and the int4 kernel does not: keeping steps of up to 8 rows on the int4 kernel,
     as before, keeps short prefills and small batches on one kernel whether they run alone
-    or together (a seeded request then samples the same tokens). lm_head leaves
-    the int4 kernel sooner, after LM_HEAD_MAX_INT4_ROWS: on one (vocab, hidden) matrix
-    oneDNN's bfloat16 GEMM reads at full bandwidth (benchmarks/int4_rows.py). With
+    or together (a seeded request then samples the same tokens). Those steps run the
+    few-row GEMV (`Int4Linear.keep_gemv`) where it runs here, which computes each row on
+    its own. lm_head leaves them sooner, after LM_HEAD_GEMV_MAX_ROWS (LM_HEAD_MAX_INT4_ROWS
+    on the int4 kernel): on one (vocab, hidden) matrix oneDNN's bfloat16 GEMM reads at full
+    bandwidth (benchmarks/int4_rows.py). With
     `is_w4a8` (and `max_int4_rows`), the larger steps of every swapped layer (4-bit and
     Q8_0) run `cpu_w4a8`'s GEMM instead, which rounds their activations to 8 bits."""
     config = model.config
@@ -248,7 +272,11 @@ def quantize_linears(
             # the larger steps compute with the int4 kernel's weights (same rounded scales):
             # a request's tokens do not depend on how many rows shared its steps (is_w4a8:
             # the loader passes 0, so that every step runs one kernel, row by row)
-            rows = min(max_int4_rows, LM_HEAD_MAX_INT4_ROWS) if name == "lm_head" else max_int4_rows
+            gemv = gemv_kernel() if not is_w4a8 and max_int4_rows <= GEMV_MAX_ROWS else None
+            rows = max_int4_rows
+            if name == "lm_head":
+                head_rows = LM_HEAD_MAX_INT4_ROWS if gemv is None else LM_HEAD_GEMV_MAX_ROWS
+                rows = min(max_int4_rows, head_rows)
             if is_w4a8:  # 4-bit and Q8_0 layers alike
                 weights = _w4a8_kernel().pack_planes(*fused, linear.in_features, linear.bias)
             else:
@@ -260,6 +288,13 @@ def quantize_linears(
                 weight = int4.dequantized(*fused, linear.weight.dtype)
                 linear.weight = nn.Parameter(weight, requires_grad=False)  # unties lm_head
                 int4.keep_dense(linear, rows)
+            if gemv is not None and rows > 0:
+                if int4.num_planes == 1 and isinstance(weights, Q4Weights):
+                    int4.keep_gemv(gemv, weights)
+                elif int4.num_planes == 2:
+                    scales = fused[1]
+                    int4.keep_gemv(gemv, gemv.pack_planes(fused[0], scales, linear.in_features,
+                                                          linear.bias))  # fmt: skip
         setattr(model.get_submodule(parent), child, int4)
         swapped.append(name)
     return swapped

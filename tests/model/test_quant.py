@@ -10,9 +10,11 @@ from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 from transformers import AutoModelForCausalLM, LlamaConfig
 
+from superinfer.model.cpu_gemv import gemv_kernel
 from superinfer.model.cpu_q4 import q4_kernel
 from superinfer.model.loader import load_gguf_model
 from superinfer.model.quant import (
+    LM_HEAD_GEMV_MAX_ROWS,
     LM_HEAD_MAX_INT4_ROWS,
     Int4Linear,
     Q8Embedding,
@@ -120,7 +122,9 @@ def test_auto_runs_small_steps_on_int4_and_large_ones_on_the_same_weights(
     qtype, hf_models, tmp_path
 ) -> None:
     """4-bit layers run larger steps on the 4-bit GEMM (no dense copy), Q8_0 ones on a
-    dense copy; either way on the weights the int4 kernel uses."""
+    dense copy; either way on the weights the int4 kernel uses. Steps of up to
+    max_int4_rows rows run the few-row GEMV where it runs here (else the int4 kernel): the
+    int4 kernel's function of the same weights, each row on its own."""
     path = write_gguf(hf_models["llama"], tmp_path / "a.gguf", "llama", qtype)
     models = {q: load_gguf_model(str(path), torch.bfloat16, CPU, q)[0]
               for q in ("auto", "gguf", "none")}  # fmt: skip
@@ -131,8 +135,16 @@ def test_auto_runs_small_steps_on_int4_and_large_ones_on_the_same_weights(
     assert (auto.dense is None) == is_q4
     num_rows = auto.max_int4_rows + 13
     x = torch.randn(num_rows, 64, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(0))
+    has_gemv = gemv_kernel() is not None
+    assert (auto.gemv is not None) == has_gemv and (auto.packed is None) == has_gemv
     with torch.inference_mode():
-        assert torch.equal(auto(x[:1]), layers["gguf"](x[:1]))  # int4 kernel
+        small, int4 = auto(x[: auto.max_int4_rows]), layers["gguf"](x[: auto.max_int4_rows])
+        assert torch.equal(auto(x[:1]), small[:1])  # a row's result is its own
+        if has_gemv:  # rounded from sums in another order: at most one bfloat16 step apart
+            torch.testing.assert_close(small.float(), int4.float(), rtol=2**-7, atol=1e-5)
+            assert (small == int4).float().mean() > 0.95
+        else:
+            assert torch.equal(small, int4)
         large = auto(x)
         if is_q4:  # the dense copy's weights, summed in another order
             eye = torch.eye(64, dtype=torch.bfloat16)
@@ -145,14 +157,17 @@ def test_auto_runs_small_steps_on_int4_and_large_ones_on_the_same_weights(
         # the kernel rounds the GGUF scales to bfloat16; the large-step path does the same
         gap, exact_gap = (large.float() - kernel).abs().mean(), (exact - kernel).abs().mean()
         assert gap < exact_gap
-    head = models["auto"].lm_head  # leaves the int4 kernel sooner than the others
-    assert head.max_int4_rows == LM_HEAD_MAX_INT4_ROWS < auto.max_int4_rows
-    assert (head.q4 is not None) == is_q4
-    hidden = torch.randn(LM_HEAD_MAX_INT4_ROWS + 1, 64, dtype=torch.bfloat16)
+    head = models["auto"].lm_head  # on the int4 kernel, leaves it sooner than the others
+    head_rows = LM_HEAD_GEMV_MAX_ROWS if has_gemv else LM_HEAD_MAX_INT4_ROWS
+    assert head.max_int4_rows == head_rows < auto.max_int4_rows
+    assert (head.q4 is not None) == is_q4 and (head.gemv is not None) == has_gemv
+    hidden = torch.randn(head_rows + 1, 64, dtype=torch.bfloat16)
     with torch.inference_mode():
         larger = head.q4 if is_q4 else head.dense
         assert torch.equal(head(hidden), larger(hidden))
-        assert torch.equal(head(hidden[:1]), models["gguf"].lm_head(hidden[:1]))
+        small, int4 = head(hidden[:1]), models["gguf"].lm_head(hidden[:1])
+        torch.testing.assert_close(small.float(), int4.float(), rtol=2**-7, atol=1e-5)
+        assert has_gemv or torch.equal(small, int4)
     runs = {q: PagedRun(m, 16, 4) for q, m in models.items()}
     prefill = {q: r.step([(r.add(PROMPT + [5]), len(PROMPT))], all_logits=True)
                for q, r in runs.items()}  # fmt: skip

@@ -1,0 +1,129 @@
+"""GGUF weights times the few rows of a decode step on the CPU (`csrc/q_gemv.c`), in
+bfloat16 activations: what `--quantization auto` runs for steps of up to 8 rows.
+
+A decode step of a few sequences is bound by reading the weights. PyTorch's int4 kernel
+(`aten._weight_int4pack_mm_for_cpu`), which ran these steps before, dequantizes every
+weight to float with its scale and zero; here each block's 4-bit values go to `vdpbf16ps`
+as the small integers they are (exact in bfloat16), and the block's scale and zero are
+applied once per row: sum w x = scale sum (q - 8) x + zero sum x. Q8_0 layers (the default
+model's lm_head, tied to its Q8_0 embedding) multiply their 8-bit values in float, where
+the int4 kernel ran them as two 4-bit planes. Over the default model's layers
+(`benchmarks/int4_rows.py`, docs/results/models/gemv_1205/) that is 0.68x the int4
+kernel's time at one row and 0.67x at 8, faster than the 4-bit GEMM up to 8 rows; lm_head
+takes 0.59x at one row, and beats oneDNN's dense bfloat16 GEMM up to 4.
+
+It computes the int4 kernel's function of the same weights (bfloat16 scales and zeros;
+Q8_0 values times their scale), rounded in another order, and each row on its own. The
+4-bit layers read the packed weights of `cpu_q4` (no copy of their own); Q8_0 layers
+read `cpu_w4a8`'s 8-bit layout, packed here.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+from torch import Tensor
+
+from superinfer.model.cpu_kernels import load_kernel
+from superinfer.model.cpu_q4 import Q4Weights
+from superinfer.model.cpu_w4a8 import q8_plane_values
+
+_PTR, _INT, _I64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+MAX_ROWS = 8  # the most rows a call takes (q_gemv.c's MAX_ROWS)
+Q8_STRIP = 16  # output columns per strip of the 8-bit layout
+BLOCK = 32
+
+
+class Q8Weights:
+    """One Q8_0 layer's values and scales in the 8-bit layout, and its bias."""
+
+    def __init__(self, packed: Tensor, scales: Tensor, num_out: int, num_in: int,
+                 bias: Tensor | None) -> None:  # fmt: skip
+        self.packed, self.scales, self.num_out, self.num_in = packed, scales, num_out, num_in
+        self.bias = None if bias is None else bias.detach().float().contiguous()
+
+
+class GemvKernel:
+    """The loaded `q4_gemv`, `q8_gemv` and `pack_q8_q8`."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self._q4, self._q8 = library.q4_gemv, library.q8_gemv
+        for fn in (self._q4, self._q8):
+            fn.restype = _INT
+            fn.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _INT]
+        self._pack_q8 = library.pack_q8_q8
+        self._pack_q8.restype = None
+        self._pack_q8.argtypes = [_PTR, _PTR, _I64, _I64, _PTR, _PTR]
+
+    def pack_q8(self, values: Tensor, scales: Tensor, bias: Tensor | None = None) -> Q8Weights:
+        """values (N, K) int8 and scales (N, K / 32) of Q8_0 weights, w = d q; K a multiple
+        of 32."""
+        num_out, num_in = values.shape
+        if num_in % BLOCK or scales.shape != (num_out, num_in // BLOCK):
+            raise ValueError(f"8-bit weights {tuple(values.shape)} need one scale per {BLOCK}")
+        q = values.to(torch.int8).contiguous()
+        d = scales.float().contiguous()
+        num_strips = -(-num_out // Q8_STRIP)
+        packed = torch.empty(num_strips * num_in * Q8_STRIP, dtype=torch.int8)
+        scales_offsets = torch.empty(num_strips * num_in // BLOCK * 128, dtype=torch.uint8)
+        self._pack_q8(q.data_ptr(), d.data_ptr(), num_out, num_in, packed.data_ptr(),
+                      scales_offsets.data_ptr())  # fmt: skip
+        return Q8Weights(packed, scales_offsets, num_out, num_in, bias)
+
+    def __call__(self, x: Tensor, weights: Q4Weights | Q8Weights) -> Tensor:
+        """x (rows <= MAX_ROWS, K) bfloat16, each row contiguous -> (rows, N) bfloat16."""
+        if x.stride(-1) != 1 or x.stride(0) % 2:
+            x = x.contiguous()
+        y = torch.empty((x.shape[0], weights.num_out), dtype=torch.bfloat16)
+        if x.shape[0] == 0:
+            return y
+        is_q8 = isinstance(weights, Q8Weights)
+        status = (self._q8 if is_q8 else self._q4)(
+            x.data_ptr(), x.stride(0), x.shape[0], weights.num_in, weights.packed.data_ptr(),
+            (weights.scales if is_q8 else weights.scales_zeros).data_ptr(),
+            None if weights.bias is None else weights.bias.data_ptr(), y.data_ptr(),
+            weights.num_out, torch.get_num_threads(),
+        )  # fmt: skip
+        if status != 0:
+            raise RuntimeError(f"the few-row GEMV failed ({status})")
+        return y
+
+    def pack_planes(self, nibbles: Tensor, scales: Tensor, num_in: int,
+                    bias: Tensor | None = None) -> Q8Weights:  # fmt: skip
+        """A Q8_0 layer from the two 4-bit planes `quant.int4_planes` gives it, its scales
+        rounded to bfloat16 as the int4 kernel and the dense copy hold them."""
+        num_blocks = num_in // BLOCK  # scales [d | 16 d]
+        d = scales[:, :num_blocks].to(torch.bfloat16).float()
+        return self.pack_q8(q8_plane_values(nibbles, num_in), d, bias)
+
+
+@functools.cache
+def gemv_kernel() -> GemvKernel | None:
+    """The compiled kernel where it runs here (AVX-512 BF16), else None (logged once)."""
+    return load_kernel(_probed, "few-row GEMV", "keeping torch's int4 kernel")
+
+
+def _probed(library: ctypes.CDLL) -> GemvKernel:
+    """The kernel, once it has computed small products exactly (sums of multiples of 1/4,
+    exact in float); RuntimeError where this CPU has no AVX-512 BF16."""
+    from superinfer.model.cpu_q4 import Q4Kernel
+
+    kernel = GemvKernel(library)
+    nibbles = torch.arange(64 * 40).remainder(13).view(40, 64)
+    scales, zeros = torch.full((40, 2), 0.5), torch.full((40, 2), 0.25)
+    x = (torch.arange(3 * 64).remainder(7) - 3).view(3, 64).to(torch.bfloat16)
+    values = (torch.arange(64 * 40).remainder(255) - 127).view(40, 64)
+    q4 = Q4Kernel(library).pack(nibbles, scales, zeros)
+    q8 = kernel.pack_q8(values, torch.full((40, 2), 0.25))
+    try:
+        y4, y8 = kernel(x, q4), kernel(x, q8)
+    except RuntimeError as error:
+        raise RuntimeError("no AVX-512 BF16 on this CPU") from error
+    expected4 = x.float() @ ((nibbles.float() - 8) * 0.5 + 0.25).t()
+    expected8 = x.float() @ (values.float() * 0.25).t()
+    if not (torch.equal(y4, expected4.to(torch.bfloat16))
+            and torch.equal(y8, expected8.to(torch.bfloat16))):  # fmt: skip
+        raise RuntimeError("the few-row GEMV computed a wrong product")
+    return kernel

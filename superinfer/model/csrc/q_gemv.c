@@ -1,0 +1,225 @@
+/* A linear layer over GGUF weights for the few rows of a decode step (CPU), in bfloat16
+ * activations and float sums: the layouts of q4_linear.c (4-bit) and q4_q8_linear.c
+ * (Q8_0), so no weights are kept twice.
+ *
+ * Built with the other kernels by superinfer/model/cpu_kernels.py and called through
+ * ctypes (superinfer/model/cpu_q4.py, superinfer/model/cpu_w4a8.py). A step of one
+ * sequence is bound by reading the weights. PyTorch's int4 kernel reads 4 bits a weight but
+ * dequantizes every weight to float with its scale and zero; the 4-bit GEMM of q4_linear.c
+ * first writes a whole strip of bfloat16 weights. Here a block's weights are turned into
+ * bfloat16 as they are (q - 8, small integers, exact) and multiplied by the rows with
+ * `vdpbf16ps`; its scale and zero are applied once per block and row:
+ *
+ *   sum_k w_k x_k = scale sum_k (q_k - 8) x_k + zero sum_k x_k       (4-bit)
+ *   sum_k w_k x_k = d sum_k q_k x_k                                  (Q8_0, in float)
+ *
+ * Every product is exact in float; sums are float. It is the same function of the same
+ * weights as PyTorch's int4 kernel (bfloat16 scales and zeros) and as the dequantized
+ * Q8_0 weights, rounded in another order.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
+#include <immintrin.h>
+#define HAVE_GEMV 1
+#endif
+
+#define MAX_ROWS 8   /* the most rows a call takes */
+#define ROW_TILE 4   /* rows whose sums stay in registers */
+#define Q4_STRIP 32  /* q4_linear.c's layout: 2 halves of 16 columns, 512 bytes a block */
+#define Q8_STRIP 16  /* q4_q8_linear.c's Q8_0 layout: 512 bytes a block, 128 of scales */
+#define BLOCK 32
+
+#ifdef HAVE_GEMV
+static inline __m512 load_bf16(const uint16_t *p) {
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+/* y (16 columns of each half) for num_rows <= ROW_TILE rows, 4-bit weights of one strip.
+ * x: bfloat16 rows x_stride apart; x_sums: per row and block, the float sum of its 32 x.
+ * Each row's sums run in the same order whatever num_rows is: a row's result does not
+ * depend on the rows beside it. */
+static inline __attribute__((always_inline)) void q4_strip(
+    const uint16_t *x, int64_t x_stride, const float *x_sums, int64_t num_blocks,
+    const uint8_t *packed, const uint16_t *scales_zeros, __m512 acc[ROW_TILE][2],
+    const int num_rows) {
+    const __m512i mask = _mm512_set1_epi32(0x000F000F);
+    /* word i: bfloat16 of i - 8 (vpermw reads the low 5 bits of each index word) */
+    uint16_t values[32];
+    for (int i = 0; i < 32; i++) {
+        const float v = (float)((i & 15) - 8);
+        uint32_t bits;
+        __builtin_memcpy(&bits, &v, sizeof bits);
+        values[i] = (uint16_t)(bits >> 16); /* exact: small integers */
+    }
+    const __m512i table = _mm512_loadu_si512(values);
+    for (int r = 0; r < num_rows; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < num_blocks; b++, packed += 512, scales_zeros += 64) {
+        /* per row and half, the even and odd input pairs: 4 chains of vdpbf16ps a row */
+        __m512 sums[ROW_TILE][2][2];
+        for (int r = 0; r < num_rows; r++)
+            sums[r][0][0] = sums[r][0][1] = sums[r][1][0] = sums[r][1][1] = _mm512_setzero_ps();
+        for (int p0 = 0; p0 < 16; p0 += 2)
+#pragma GCC unroll 2
+            for (int j = 0; j < 2; j++)
+#pragma GCC unroll 2
+                for (int h = 0; h < 2; h++) {
+                    /* 16 columns' inputs 2p (low nibble) and 2p + 1 (high), as index words */
+                    const int p = p0 + j;
+                    const __m512i bytes = _mm512_cvtepu8_epi32(
+                        _mm_loadu_si128((const __m128i *)(packed + h * 256 + p * 16)));
+                    const __m512i index = _mm512_ternarylogic_epi32(
+                        bytes, _mm512_slli_epi32(bytes, 12), mask, 0xA8); /* (a | b) & c */
+                    const __m512bh w = (__m512bh)_mm512_permutexvar_epi16(index, table);
+                    for (int r = 0; r < num_rows; r++) {
+                        int32_t pair;
+                        __builtin_memcpy(&pair, x + r * x_stride + b * BLOCK + 2 * p, sizeof pair);
+                        sums[r][h][j] = _mm512_dpbf16_ps(sums[r][h][j], w,
+                                                         (__m512bh)_mm512_set1_epi32(pair));
+                    }
+                }
+        for (int h = 0; h < 2; h++) {
+            const __m512 scale = load_bf16(scales_zeros + h * 32);
+            const __m512 zero = load_bf16(scales_zeros + h * 32 + 16);
+            for (int r = 0; r < num_rows; r++) {
+                const __m512 s = _mm512_add_ps(sums[r][h][0], sums[r][h][1]);
+                acc[r][h] = _mm512_fmadd_ps(s, scale, acc[r][h]);
+                acc[r][h] = _mm512_fmadd_ps(zero, _mm512_set1_ps(x_sums[r * num_blocks + b]),
+                                            acc[r][h]);
+            }
+        }
+    }
+}
+
+/* The same for Q8_0 weights (16 columns): x as float rows (num_in apart). */
+static inline __attribute__((always_inline)) void q8_strip(
+    const float *xf, int64_t num_in, int64_t num_blocks, const int8_t *packed,
+    const char *scales_offsets, __m512 acc[ROW_TILE], const int num_rows) {
+    for (int r = 0; r < num_rows; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < num_blocks; b++) {
+        const int8_t *w = packed + b * 512;
+        __m512 sums[ROW_TILE][4]; /* one per input of a run: four chains a row */
+        for (int r = 0; r < num_rows; r++)
+            for (int j = 0; j < 4; j++) sums[r][j] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+        for (int t = 0; t < 8; t++) {
+            /* lane c: column c's inputs 4t .. 4t + 3, a byte each */
+            const __m512i run = _mm512_loadu_si512((const void *)(w + 64 * t));
+            for (int j = 0; j < 4; j++) {
+                const __m512i shifted = j == 3 ? run : _mm512_slli_epi32(run, 24 - 8 * j);
+                const __m512 q = _mm512_cvtepi32_ps(_mm512_srai_epi32(shifted, 24));
+                for (int r = 0; r < num_rows; r++)
+                    sums[r][j] = _mm512_fmadd_ps(
+                        q, _mm512_set1_ps(xf[r * num_in + b * BLOCK + 4 * t + j]), sums[r][j]);
+            }
+        }
+        const __m512 d = _mm512_loadu_ps((const float *)(const void *)(scales_offsets + b * 128));
+        for (int r = 0; r < num_rows; r++) {
+            const __m512 s = _mm512_add_ps(_mm512_add_ps(sums[r][0], sums[r][1]),
+                                           _mm512_add_ps(sums[r][2], sums[r][3]));
+            acc[r] = _mm512_fmadd_ps(s, d, acc[r]);
+        }
+    }
+}
+
+static inline void store_row(const __m512 acc, const float *bias, int64_t col, int num_cols,
+                             uint16_t *y) {
+    const __mmask16 mask = num_cols >= 16 ? 0xFFFF : (__mmask16)((1u << num_cols) - 1);
+    const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + col) : _mm512_setzero_ps();
+    _mm256_mask_storeu_epi16(y + col, mask, (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc, b)));
+}
+
+#define Q4_TILE(n)                                                                         \
+    case n:                                                                                \
+        q4_strip(xr, x_stride, x_sums + r * num_blocks, num_blocks, strip, sz, acc, n);    \
+        break;
+#define Q8_TILE(n)                                                                         \
+    case n:                                                                                \
+        q8_strip(xf + r * num_in, num_in, num_blocks, strip, sz, acc, n);                  \
+        break;
+#endif
+
+/* y (num_rows, num_out) bfloat16 = x (num_rows, num_in) bfloat16 @ w.T (+ bias, float), w
+ * packed by q4_linear.c's pack_q4 (4-bit, 32-column strips, bfloat16 scales and zeros).
+ * x rows are x_stride elements apart (even: pairs are read as 32 bits), each contiguous.
+ * Returns 0; -1 where this kernel does not run (no AVX-512 BF16, num_in not a multiple of
+ * 32, more than MAX_ROWS rows); -2 when out of memory. */
+int q4_gemv(const void *x, int64_t x_stride, int64_t num_rows, int64_t num_in,
+            const uint8_t *packed, const uint16_t *scales_zeros, const float *bias, void *y,
+            int64_t num_out, int num_threads) {
+#ifdef HAVE_GEMV
+    if (num_in % BLOCK || num_rows > MAX_ROWS || num_rows < 1) return -1;
+    const int64_t num_blocks = num_in / BLOCK, num_strips = (num_out + Q4_STRIP - 1) / Q4_STRIP;
+    float *x_sums = malloc(sizeof(float) * (size_t)(num_rows * num_blocks));
+    if (!x_sums) return -2;
+    for (int64_t r = 0; r < num_rows; r++)
+        for (int64_t b = 0; b < num_blocks; b++) {
+            const __m512 lo = load_bf16((const uint16_t *)x + r * x_stride + b * BLOCK);
+            const __m512 hi = load_bf16((const uint16_t *)x + r * x_stride + b * BLOCK + 16);
+            x_sums[r * num_blocks + b] = _mm512_reduce_add_ps(_mm512_add_ps(lo, hi));
+        }
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (num_strips > 1)
+    for (int64_t s = 0; s < num_strips; s++) {
+        const uint8_t *strip = packed + s * num_blocks * 512;
+        const uint16_t *sz = scales_zeros + s * num_blocks * 64;
+        for (int64_t r = 0; r < num_rows; r += ROW_TILE) {
+            const int n = num_rows - r < ROW_TILE ? (int)(num_rows - r) : ROW_TILE;
+            const uint16_t *xr = (const uint16_t *)x + r * x_stride;
+            __m512 acc[ROW_TILE][2] = {{_mm512_setzero_ps()}}; /* every row set below */
+            switch (n) { Q4_TILE(1) Q4_TILE(2) Q4_TILE(3) Q4_TILE(4) }
+            for (int i = 0; i < n; i++)
+                for (int h = 0; h < 2; h++) {
+                    const int64_t col = s * Q4_STRIP + h * 16;
+                    if (col < num_out)
+                        store_row(acc[i][h], bias, col,
+                                  num_out - col < 16 ? (int)(num_out - col) : 16,
+                                  (uint16_t *)y + (r + i) * num_out);
+                }
+        }
+    }
+    free(x_sums);
+    return 0;
+#else
+    (void)x, (void)x_stride, (void)num_rows, (void)num_in, (void)packed, (void)scales_zeros;
+    (void)bias, (void)y, (void)num_out, (void)num_threads;
+    return -1;
+#endif
+}
+
+/* The same for Q8_0 weights packed by q4_q8_linear.c's pack_q8_q8 (16-column strips, float
+ * scales; its int32 offsets are not read). */
+int q8_gemv(const void *x, int64_t x_stride, int64_t num_rows, int64_t num_in,
+            const int8_t *packed, const void *scales_offsets, const float *bias, void *y,
+            int64_t num_out, int num_threads) {
+#ifdef HAVE_GEMV
+    if (num_in % BLOCK || num_rows > MAX_ROWS || num_rows < 1) return -1;
+    const int64_t num_blocks = num_in / BLOCK, num_strips = (num_out + Q8_STRIP - 1) / Q8_STRIP;
+    float *xf = malloc(sizeof(float) * (size_t)(num_rows * num_in));
+    if (!xf) return -2;
+    for (int64_t r = 0; r < num_rows; r++)
+        for (int64_t k = 0; k < num_in; k += 16)
+            _mm512_storeu_ps(xf + r * num_in + k, load_bf16((const uint16_t *)x + r * x_stride + k));
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (num_strips > 1)
+    for (int64_t s = 0; s < num_strips; s++) {
+        const int8_t *strip = (const int8_t *)packed + s * num_blocks * 512;
+        const char *sz = (const char *)scales_offsets + s * num_blocks * 128;
+        const int64_t col = s * Q8_STRIP;
+        const int num_cols = num_out - col < Q8_STRIP ? (int)(num_out - col) : Q8_STRIP;
+        for (int64_t r = 0; r < num_rows; r += ROW_TILE) {
+            const int n = num_rows - r < ROW_TILE ? (int)(num_rows - r) : ROW_TILE;
+            __m512 acc[ROW_TILE] = {_mm512_setzero_ps()}; /* every row set below */
+            switch (n) { Q8_TILE(1) Q8_TILE(2) Q8_TILE(3) Q8_TILE(4) }
+            for (int i = 0; i < n; i++)
+                store_row(acc[i], bias, col, num_cols, (uint16_t *)y + (r + i) * num_out);
+        }
+    }
+    free(xf);
+    return 0;
+#else
+    (void)x, (void)x_stride, (void)num_rows, (void)num_in, (void)packed, (void)scales_offsets;
+    (void)bias, (void)y, (void)num_out, (void)num_threads;
+    return -1;
+#endif
+}
