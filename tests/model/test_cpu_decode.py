@@ -47,11 +47,12 @@ def _decode_both_ways(model, num_steps: int = 6, block_size: int = 4, seed: int 
     return flat_logits, module_logits, flat_cache, module_cache
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen2", "gemma", "phi3"])
+@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "gemma", "phi3"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_same_logits_and_cache_as_the_modules(name, dtype, tmp_path):
-    """Llama (llama3 RoPE), Qwen2 (q/k/v bias), Gemma (norm offset, GeGLU, embedding scale),
-    Phi-3 (fused checkpoint projections), in both dtypes the kernels take."""
+    """Llama (llama3 RoPE), Qwen2 (q/k/v bias), Qwen3 (q/k norms), Gemma (norm offset,
+    GeGLU, embedding scale), Phi-3 (fused checkpoint projections), in both dtypes the
+    kernels take."""
     directory = save_tiny(tmp_path / name, CONFIGS[name], seed=5)
     model = load_model(str(directory), dtype, "cpu").model
     flat_logits, module_logits, flat_cache, module_cache = _decode_both_ways(model)
@@ -101,8 +102,8 @@ def test_a_slot_outside_the_cache_raises(smollm_bf16):
 
 @pytest.mark.parametrize(
     "name, reason",
-    [("qwen3", "q/k norms"), ("mistral", "sliding windows"), ("gemma2", "sandwich"),
-     ("gemma3", "rotary base"), ("mixtral", "experts")],
+    [("mistral", "sliding windows"), ("gemma2", "sandwich"), ("gemma3", "rotary base"),
+     ("mixtral", "experts")],
 )  # fmt: skip
 def test_declines_layers_it_does_not_run(name, reason, tmp_path):
     directory = save_tiny(tmp_path / name, CONFIGS[name], seed=5)
