@@ -62,7 +62,8 @@ DEFAULT_VLLM_MODEL = "/work/models/smollm2-135m-instruct-hf"
 LLAMA_CPP_VERSION = "0.3.36"
 # llama.cpp's AMX path dies with "Illegal instruction" on this machine's processor
 LLAMA_CMAKE_ARGS = "-DGGML_NATIVE=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
-SYSTEMS = ("superinfer", "superinfer-w4a8", "superinfer-bf16", "llama", "vllm")
+SYSTEMS = ("superinfer", "superinfer-base", "superinfer-w4a8", "superinfer-bf16", "llama",
+           "vllm")  # superinfer-base: only with --baseline-tree
 PARTS = ("latency", "throughput", "memory", "row1", "row2")
 ROW1, ROW2 = "smollm2-135m", "qwen3-0.6b-shape"
 
@@ -283,6 +284,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vllm-enforce-eager", action="store_true",
                    help="vLLM without torch.compile (faster start, slower steps: smoke tests "
                    "only)")  # fmt: skip
+    p.add_argument("--baseline-tree", default=None, metavar="DIR",
+                   help="also run `superinfer-base`: the defaults of the superinfer checkout in "
+                   "DIR (e.g. a `git worktree` of the base commit), for a before/after in the "
+                   "same run")  # fmt: skip
     p.add_argument("--row2-quant", default="Q4_0", choices=("Q4_0", "Q4_1", "Q8_0"))
     p.add_argument("--row2-layers", type=int, default=None,
                    help="fewer layers than Qwen3-0.6B's 28 (smoke tests only)")  # fmt: skip
@@ -440,6 +445,8 @@ def start_workers(
     }  # fmt: skip
     if row["name"] == ROW1:  # the bf16 variant of the default model is its GGUF, dequantized
         specs["superinfer-bf16"][2]["model"] = row["gguf"]
+    if args.baseline_tree:
+        specs["superinfer-base"] = specs["superinfer"]
     env = offline_env(PYTHONPATH=str(REPO), VLLM_TARGET_DEVICE="cpu",
                       VLLM_CPU_OMP_THREADS_BIND=f"0-{args.threads - 1}",
                       VLLM_USE_AOT_COMPILE="0")  # fmt: skip
@@ -449,7 +456,8 @@ def start_workers(
             continue
         print(f"[{row['name']}] starting {name}", flush=True)
         log = logs / f"{row['name']}-{name}.log"
-        workers[name] = Worker(name, python, kind, spec, log, env)
+        tree = args.baseline_tree if name == "superinfer-base" else str(REPO)
+        workers[name] = Worker(name, python, kind, spec, log, env | {"PYTHONPATH": tree})
         info = workers[name].info
         print(f"[{row['name']}] {name} loaded in {info['load_s']:.1f} s, RSS "
               f"{info['rss_mb']:.0f} MB, idle CPU {info['idle_cpu_s_per_s']:.2f} s/s", flush=True)
@@ -501,7 +509,8 @@ def sharegpt_batches(args: argparse.Namespace) -> tuple[list[dict], int]:
 
 
 def measure_throughput(args: argparse.Namespace, workers: dict[str, Worker], batches) -> dict:
-    names = [n for n in ("superinfer", "superinfer-w4a8", "vllm") if n in workers]
+    names = [n for n in ("superinfer", "superinfer-base", "superinfer-w4a8", "vllm")
+             if n in workers]  # fmt: skip
     warm = batches[-1]
     for name in names:
         workers[name].ask({"op": "throughput", **warm}, args.settle_s)
@@ -537,9 +546,9 @@ def summarize(values: list[float]) -> dict:
 def ratios(entry: dict[str, dict], key: str, peers: tuple[str, ...]) -> dict:
     """superinfer's median over each peer's (below 1 is faster for times)."""
     out = {}
-    for ours in ("superinfer", "superinfer-w4a8", "superinfer-bf16"):
+    for ours in ("superinfer", "superinfer-base", "superinfer-w4a8", "superinfer-bf16"):
         for peer in peers:
-            if ours in entry and peer in entry:
+            if ours in entry and peer in entry and ours != peer:
                 ratio = entry[ours][key]["median"] / entry[peer][key]["median"]
                 out[f"{ours}/{peer}"] = round(ratio, 3)
     return out
@@ -553,13 +562,14 @@ def run_row(args: argparse.Namespace, row: dict, logs: Path, batches) -> dict:
             latency = measure_latency(args, workers)
             result["latency"] = latency
             result["latency_ratios"] = {
-                "ttft": ratios(latency, "ttft_ms", ("llama", "vllm")),
-                "tpot": ratios(latency, "tpot_ms", ("llama", "vllm")),
+                "ttft": ratios(latency, "ttft_ms", ("llama", "vllm", "superinfer-base")),
+                "tpot": ratios(latency, "tpot_ms", ("llama", "vllm", "superinfer-base")),
             }
         if "throughput" not in args.skip and batches:
             throughput = measure_throughput(args, workers, batches)
             result["throughput"] = throughput
-            result["throughput_ratios"] = ratios(throughput, "output_tok_s", ("vllm",))
+            result["throughput_ratios"] = ratios(throughput, "output_tok_s",
+                                                 ("vllm", "superinfer-base"))
         for name, worker in workers.items():
             result["workers"][name]["rss_mb_after"] = rss_tree_mb(worker.process.pid)
             result["workers"][name]["ru_maxrss_mb"] = worker.ask({"op": "rss"})["ru_maxrss_mb"]
