@@ -11,10 +11,11 @@ attention: rotary embedding of q and k, the K/V write and paged decode attention
 (`tests/model/test_cpu_decode.py`).
 
 It takes plain layers (Llama, Qwen2, SmolLM2, Mistral without a window) and Qwen3's q/k
-norms (each head's q and k normed through the modules' own `RMSNorm`, in place in the fused
-projection, before the C call rotates them); not sandwich norms, experts, windows or
-soft-capping. The module path of a Qwen3 decode step costs more than its matmuls: 0.35 ms
-a layer of Python and small ops on Qwen3-0.6B's shape. It runs steps in which every sequence
+norms (each head's q and k normed in place in the fused projection by the norm kernel's
+`rms_norm_heads`, as the modules norm them, before the C call rotates them); not sandwich
+norms, experts, windows or soft-capping. The module path of a Qwen3 decode step costs more
+than its matmuls: 0.35 ms a layer of Python and small ops on Qwen3-0.6B's shape. It runs
+steps in which every sequence
 decodes one token with the cpu attention backend; every other step runs through the
 modules. `DecoderForCausalLM.use_flat_decode` turns it on once the weights are final (the
 loader does, on CPU); it reads the norms' weights then.
@@ -70,8 +71,8 @@ class _Layer:
     o: Callable[[Tensor], Tensor]
     gate_up: Callable[[Tensor], Tensor]
     down: Callable[[Tensor], Tensor]
-    q_norm: Callable[[Tensor], Tensor] | None  # Qwen3's per-head norms, else None
-    k_norm: Callable[[Tensor], Tensor] | None
+    q_norm: Tensor | None  # Qwen3's per-head norms' weights as the kernel reads them, or None
+    k_norm: Tensor | None
 
 
 class FlatDecode:
@@ -94,8 +95,8 @@ class FlatDecode:
                 layer.self_attn.o_proj.forward,
                 layer.mlp.gate_up_proj.forward,
                 layer.mlp.down_proj.forward,
-                layer.self_attn.q_norm if layer.self_attn.qk_norm else None,
-                layer.self_attn.k_norm if layer.self_attn.qk_norm else None,
+                layer.self_attn.q_norm.kernel_weight() if layer.self_attn.qk_norm else None,
+                layer.self_attn.k_norm.kernel_weight() if layer.self_attn.qk_norm else None,
             )
             for layer in model.layers
         ]
@@ -146,10 +147,11 @@ class FlatDecode:
             if i:
                 h = self.norm(x, residual, layer.input_norm, layer.eps)
             qkv = layer.qkv(h)
-            if layer.q_norm is not None:  # as `Attention.forward` norms them, written back
+            if layer.q_norm is not None:  # as `Attention.forward` norms them, in place
                 qk = qkv[:, : num_qk_heads * self.head_dim].view(num_seqs, num_qk_heads, -1)
-                qk[:, : self.num_heads] = layer.q_norm(qk[:, : self.num_heads])
-                qk[:, self.num_heads :] = layer.k_norm(qk[:, self.num_heads :])
+                q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
+                self.norm.heads(q, layer.q_norm, layer.eps, out=q)
+                self.norm.heads(k, layer.k_norm, layer.eps, out=k)
             o = x.new_empty(num_seqs, self.num_heads * self.head_dim)
             status = self.attention(qkv.data_ptr(), qkv.stride(0), *before, i, *after,
                                     o.data_ptr(), num_threads)  # fmt: skip

@@ -39,6 +39,8 @@ class RMSNorm(nn.Module):
         kernel = norm_kernel() if x.device.type == "cpu" else None
         if kernel is not None and kernel.takes(x, None):
             return kernel(x, None, self.kernel_weight(), self.eps)
+        if kernel is not None and kernel.takes_heads(x):  # per-head q/k norms
+            return kernel.heads(x, self.kernel_weight(), self.eps)
         if self.offset:
             weight = self.weight.float() + self.offset
             return F.rms_norm(x.float(), weight.shape, weight, self.eps).to(x.dtype)

@@ -53,6 +53,33 @@ def test_norm_alone_reads_strided_rows(dtype):
                                rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])  # fmt: skip
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_tokens", [1, 5, 300])  # 300 tokens run on several threads
+def test_per_head_norms_of_a_fused_projection(dtype, num_tokens):
+    """Qwen3's q/k norms: each head of the q (or k) part of q/k/v rows, out of place (the
+    modules) and in place (the flat decode loop), against PyTorch's rms_norm."""
+    kernel = norm_kernel()
+    qkv = _rows(num_tokens, (16 + 2 * 8) * 128, dtype, 4)
+    k = qkv[:, 16 * 128 : 24 * 128].view(num_tokens, 8, 128)  # tokens 4096 apart
+    weight = torch.rand(128) + 0.5
+    expected = F.rms_norm(k.float(), (128,), weight, 1e-6)
+    v_before = qkv[:, 24 * 128 :].clone()
+    assert kernel.takes_heads(k) and (num_tokens == 1 or not k.is_contiguous())
+    out = kernel.heads(k, weight, 1e-6)
+    assert out.is_contiguous() and out.shape == k.shape and out.dtype == dtype
+    torch.testing.assert_close(out.float(), expected, rtol=TOLERANCE[dtype],
+                               atol=TOLERANCE[dtype])  # fmt: skip
+    kernel.heads(k, weight, 1e-6, out=k)
+    assert torch.equal(k, out), "in place, the same numbers"
+    assert torch.equal(qkv[:, 24 * 128 :], v_before), "nothing outside the heads is written"
+    norm = RMSNorm(128, 1e-6).to(dtype)
+    with torch.no_grad():
+        norm.weight.copy_(weight)
+    assert torch.equal(norm(qkv[:, :2048].view(num_tokens, 16, 128)),
+                       kernel.heads(qkv[:, :2048].view(num_tokens, 16, 128), weight.to(dtype).float(),
+                                    1e-6))  # fmt: skip
+
+
 def test_declines_what_it_does_not_take():
     kernel = norm_kernel()
     assert kernel is not None

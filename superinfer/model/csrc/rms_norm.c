@@ -61,3 +61,29 @@ int add_rms_norm(const void *x, int64_t x_stride, void *residual, int64_t residu
     }
     return 0;
 }
+
+/* RMSNorm of each head of num_tokens tokens: row (t, h), head_dim numbers, at x +
+ * t * x_stride + h * head_dim, written to out + t * out_stride + h * head_dim (out may be x:
+ * each row is read whole before it is written). Qwen3's and Gemma 3's per-head q/k norms,
+ * on the heads of the fused q/k/v projection; the arithmetic of add_rms_norm without a
+ * residual. Returns 0, or -1 for a head longer than MAX_HIDDEN. */
+int rms_norm_heads(const void *x, int64_t x_stride, void *out, int64_t out_stride,
+                   int64_t num_tokens, int num_heads, int head_dim, const float *weight,
+                   int is_bf16, float eps, int num_threads) {
+    if (head_dim > MAX_HIDDEN) return -1;
+    const int64_t num_rows = num_tokens * num_heads;
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (num_rows * head_dim >= 65536)
+    for (int64_t r = 0; r < num_rows; r++) {
+        const int64_t t = r / num_heads, h = r % num_heads;
+        const int64_t base = t * x_stride + h * head_dim, ob = t * out_stride + h * head_dim;
+        float sum = 0.f;
+        for (int i = 0; i < head_dim; i++) {
+            float v = load(x, base + i, is_bf16);
+            sum += v * v;
+        }
+        const float inv = 1.f / sqrtf(sum / (float)head_dim + eps);
+        for (int i = 0; i < head_dim; i++)
+            store(out, ob + i, load(x, base + i, is_bf16) * inv * weight[i], is_bf16);
+    }
+    return 0;
+}
