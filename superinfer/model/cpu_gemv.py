@@ -28,11 +28,10 @@ from torch import Tensor
 
 from superinfer.model.cpu_kernels import load_kernel
 from superinfer.model.cpu_q4 import Q4Weights
-from superinfer.model.cpu_w4a8 import q8_plane_values
+from superinfer.model.cpu_w4a8 import pack_q8_blocks, q8_plane_values
 
 _PTR, _INT, _I64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
 MAX_ROWS = 8  # the most rows a call takes (q_gemv.c's MAX_ROWS)
-Q8_STRIP = 16  # output columns per strip of the 8-bit layout
 BLOCK = 32
 
 
@@ -60,16 +59,8 @@ class GemvKernel:
     def pack_q8(self, values: Tensor, scales: Tensor, bias: Tensor | None = None) -> Q8Weights:
         """values (N, K) int8 and scales (N, K / 32) of Q8_0 weights, w = d q; K a multiple
         of 32."""
+        packed, scales_offsets = pack_q8_blocks(self._pack_q8, values, scales)
         num_out, num_in = values.shape
-        if num_in % BLOCK or scales.shape != (num_out, num_in // BLOCK):
-            raise ValueError(f"8-bit weights {tuple(values.shape)} need one scale per {BLOCK}")
-        q = values.to(torch.int8).contiguous()
-        d = scales.float().contiguous()
-        num_strips = -(-num_out // Q8_STRIP)
-        packed = torch.empty(num_strips * num_in * Q8_STRIP, dtype=torch.int8)
-        scales_offsets = torch.empty(num_strips * num_in // BLOCK * 128, dtype=torch.uint8)
-        self._pack_q8(q.data_ptr(), d.data_ptr(), num_out, num_in, packed.data_ptr(),
-                      scales_offsets.data_ptr())  # fmt: skip
         return Q8Weights(packed, scales_offsets, num_out, num_in, bias)
 
     def __call__(self, x: Tensor, weights: Q4Weights | Q8Weights) -> Tensor:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -82,16 +83,8 @@ class W4A8Kernel:
     def pack_q8(self, values: Tensor, scales: Tensor, bias: Tensor | None = None) -> W4A8Weights:
         """values (N, K) int8 and scales (N, K / 32) float32 of Q8_0 weights, w = d q (exact in
         float32); K a multiple of 32."""
+        packed, scales_offsets = pack_q8_blocks(self._pack_q8, values, scales)
         num_out, num_in = values.shape
-        if num_in % BLOCK or scales.shape != (num_out, num_in // BLOCK):
-            raise ValueError(f"8-bit weights {tuple(values.shape)} need one scale per {BLOCK}")
-        q = values.to(torch.int8).contiguous()
-        d = scales.float().contiguous()
-        num_strips = -(-num_out // STRIP)
-        packed = torch.empty(num_strips * num_in * STRIP, dtype=torch.int8)
-        scales_offsets = torch.empty(num_strips * num_in // BLOCK * 128, dtype=torch.uint8)
-        self._pack_q8(q.data_ptr(), d.data_ptr(), num_out, num_in, packed.data_ptr(),
-                      scales_offsets.data_ptr())  # fmt: skip
         return W4A8Weights(self, packed, scales_offsets, num_out, num_in, bias, is_q8=True)
 
     def pack_planes(self, nibbles: Tensor, scales: Tensor, zeros: Tensor, num_in: int,
@@ -119,6 +112,25 @@ class W4A8Kernel:
         if status != 0:
             raise RuntimeError(f"the 8-bit-activation GEMM failed ({status})")
         return y
+
+
+def pack_q8_blocks(
+    pack: Callable[..., None], values: Tensor, scales: Tensor
+) -> tuple[Tensor, Tensor]:
+    """(packed, scales_offsets): values (N, K) int8 and scales (N, K / 32) of Q8_0 weights
+    (w = d q; K a multiple of 32) in the 8-bit layout, by the library's `pack_q8_q8`
+    (`pack`). This GEMM and `cpu_gemv`'s read it."""
+    num_out, num_in = values.shape
+    if num_in % BLOCK or scales.shape != (num_out, num_in // BLOCK):
+        raise ValueError(f"8-bit weights {tuple(values.shape)} need one scale per {BLOCK}")
+    q = values.to(torch.int8).contiguous()
+    d = scales.float().contiguous()
+    num_strips = -(-num_out // STRIP)
+    packed = torch.empty(num_strips * num_in * STRIP, dtype=torch.int8)
+    scales_offsets = torch.empty(num_strips * num_in // BLOCK * 128, dtype=torch.uint8)
+    pack(q.data_ptr(), d.data_ptr(), num_out, num_in, packed.data_ptr(),
+         scales_offsets.data_ptr())  # fmt: skip
+    return packed, scales_offsets
 
 
 def q8_plane_values(nibbles: Tensor, num_in: int) -> Tensor:

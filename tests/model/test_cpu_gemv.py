@@ -7,16 +7,9 @@ import torch
 
 from superinfer.model.cpu_gemv import MAX_ROWS, gemv_kernel
 from superinfer.model.cpu_q4 import q4_kernel
+from tests.model.test_cpu_q4 import random_q4
 
 pytestmark = pytest.mark.skipif(gemv_kernel() is None, reason="no AVX-512 BF16 kernel here")
-
-
-def random_q4(num_out: int, num_in: int, seed: int) -> tuple[torch.Tensor, ...]:
-    g = torch.Generator().manual_seed(seed)
-    nibbles = torch.randint(0, 16, (num_out, num_in), generator=g, dtype=torch.uint8)
-    scales = torch.rand(num_out, num_in // 32, generator=g) * 0.02
-    zeros = torch.randn(num_out, num_in // 32, generator=g) * 0.02
-    return nibbles, scales, zeros
 
 
 def q4_reference(nibbles, scales, zeros) -> torch.Tensor:
