@@ -43,18 +43,9 @@ static inline __m512 load_bf16(const uint16_t *p) {
  * depend on the rows beside it. */
 static inline __attribute__((always_inline)) void q4_strip(
     const uint16_t *x, int64_t x_stride, const float *x_sums, int64_t num_blocks,
-    const uint8_t *packed, const uint16_t *scales_zeros, __m512 acc[ROW_TILE][2],
-    const int num_rows) {
+    const uint8_t *packed, const uint16_t *scales_zeros, const __m512i table,
+    __m512 acc[ROW_TILE][2], const int num_rows) {
     const __m512i mask = _mm512_set1_epi32(0x000F000F);
-    /* word i: bfloat16 of i - 8 (vpermw reads the low 5 bits of each index word) */
-    uint16_t values[32];
-    for (int i = 0; i < 32; i++) {
-        const float v = (float)((i & 15) - 8);
-        uint32_t bits;
-        __builtin_memcpy(&bits, &v, sizeof bits);
-        values[i] = (uint16_t)(bits >> 16); /* exact: small integers */
-    }
-    const __m512i table = _mm512_loadu_si512(values);
     for (int r = 0; r < num_rows; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     for (int64_t b = 0; b < num_blocks; b++, packed += 512, scales_zeros += 64) {
         /* per row and half, the even and odd input pairs: 4 chains of vdpbf16ps a row */
@@ -133,7 +124,8 @@ static inline void store_row(const __m512 acc, const float *bias, int64_t col, i
 
 #define Q4_TILE(n)                                                                         \
     case n:                                                                                \
-        q4_strip(xr, x_stride, x_sums + r * num_blocks, num_blocks, strip, sz, acc, n);    \
+        q4_strip(xr, x_stride, x_sums + r * num_blocks, num_blocks, strip, sz, table, acc, \
+                 n);                                                                       \
         break;
 #define Q8_TILE(n)                                                                         \
     case n:                                                                                \
@@ -160,6 +152,15 @@ int q4_gemv(const void *x, int64_t x_stride, int64_t num_rows, int64_t num_in,
             const __m512 hi = load_bf16((const uint16_t *)x + r * x_stride + b * BLOCK + 16);
             x_sums[r * num_blocks + b] = _mm512_reduce_add_ps(_mm512_add_ps(lo, hi));
         }
+    /* word i: bfloat16 of i - 8 (vpermw reads the low 5 bits of each index word) */
+    uint16_t values[32];
+    for (int i = 0; i < 32; i++) {
+        const float v = (float)((i & 15) - 8);
+        uint32_t bits;
+        __builtin_memcpy(&bits, &v, sizeof bits);
+        values[i] = (uint16_t)(bits >> 16); /* exact: small integers */
+    }
+    const __m512i table = _mm512_loadu_si512(values);
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (num_strips > 1)
     for (int64_t s = 0; s < num_strips; s++) {
         const uint8_t *strip = packed + s * num_blocks * 512;
