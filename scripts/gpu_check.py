@@ -16,7 +16,8 @@ Sections, most important first (each one's failure is recorded and the run goes 
   pipeline      `launch` overlapped with building the next step vs `execute`, 135M, batch 32
   profile       GPU kernel time of an eager decode step by kernel (torch.profiler), both
                 shapes, batch 1 and 32
-  cuda_tests    the CUDA tests of the runner, attention, KV cache and transfer (--skip-tests)
+  cuda_tests    the CUDA tests of the runner, attention, KV cache, transfer and the
+                quantized layers (--skip-tests)
 
 On the device (about 4 to 6 minutes; sections stop starting after --budget-s, 420 s):
 
@@ -1042,6 +1043,7 @@ CUDA_TESTS = (
     "tests/model/test_triton_attention.py",
     "tests/engine/test_kv_cache.py",
     "tests/engine/test_transfer.py",
+    "tests/model/test_cuda_quant.py",
 )
 
 

@@ -157,6 +157,9 @@ class CacheConfig:
 
 
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's spellings
+# superinfer.model.loader checks the same names (it is not imported here: it imports torch)
+QUANTIZATIONS = ("auto", "none", "gguf", "gguf-w4a8", "awq", "gptq", "fp8")
+QUANTIZATION_ALIASES = {"awq_marlin": "awq", "gptq_marlin": "gptq", "compressed-tensors": "fp8"}
 
 
 @dataclass
@@ -176,11 +179,14 @@ class ModelConfig:
     device: str = opt("auto", "Where the model runs: auto (cuda if available), cpu, cuda[:N].")
     quantization: str = opt(
         "auto",
-        "Quantized execution, as vLLM's -q: gguf runs a GGUF file's Q4_0/Q4_1/Q8_0 linear "
+        "Quantized execution, as vLLM's -q: gguf runs a GGUF file's Q4_0/Q4_1/Q8_0/Q4_K linear "
         "layers on their quantized weights (CPU int4 kernel, bfloat16), none dequantizes them "
         "to --dtype, auto is gguf where measured faster (docs/models.md). gguf-w4a8 runs "
         "them on activations rounded to 8 bits, as llama.cpp computes (faster; outputs "
-        "differ slightly; CPU with AVX-512 VNNI).",
+        "differ slightly; CPU with AVX-512 VNNI). AWQ and GPTQ (4-bit) checkpoints run "
+        "quantized in bfloat16 on PyTorch's int4 kernels (CPU and CUDA), FP8 ones on "
+        "torch._scaled_mm (CUDA; dequantized on a CPU): auto, or the checkpoint's own "
+        "method (awq, gptq, fp8).",
     )
     seed: int = opt(0, "Seed for requests that sample without their own seed.")
     attention_backend: str = opt(
@@ -203,11 +209,12 @@ class ModelConfig:
             raise ValueError(
                 f"dtype must be auto, half, float16, bfloat16, float or float32, got {self.dtype!r}"
             )
-        if self.quantization not in ("auto", "none", "gguf", "gguf-w4a8"):
+        self.quantization = QUANTIZATION_ALIASES.get(self.quantization, self.quantization)
+        if self.quantization not in QUANTIZATIONS:
             raise ValueError(
-                f"--quantization {self.quantization}: not supported; auto, none, gguf or "
-                "gguf-w4a8 (GGUF Q4_0/Q4_1/Q8_0 kept quantized on the CPU); AWQ, GPTQ and FP8 "
-                "checkpoints are not supported yet (docs/models.md)"
+                f"--quantization {self.quantization}: not supported; one of "
+                f"{', '.join(QUANTIZATIONS)} (GGUF Q4_0/Q4_1/Q8_0/Q4_K, AWQ and GPTQ 4-bit, FP8; "
+                "docs/models.md)"
             )
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")

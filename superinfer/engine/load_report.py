@@ -35,14 +35,15 @@ def _model_line(engine: LLMEngine) -> str:
         quantization = "none"
     elif info.num_quantized_linears:  # the int4 kernel (model/quant.py) on the GGUF blocks
         embedding = ", the token embedding kept Q8_0" if info.is_embedding_quantized else ""
-        kernel = ("on 8-bit activations (gguf-w4a8)" if config.quantization == "gguf-w4a8"
-                  else "int4 kernel")  # fmt: skip
+        kernel = info.kernel or ("on 8-bit activations (gguf-w4a8)"
+                                 if config.quantization == "gguf-w4a8" else "int4 kernel")  # fmt: skip
         quantization = (f"{info.quantization} ({info.format}, {info.num_quantized_linears} "
                         f"linear layers run quantized, {kernel}{embedding}; the rest in "
                         f"{_name(engine.dtype)})")  # fmt: skip
     else:
+        why = f"; {info.kernel}" if info.kernel else ""
         quantization = (f"{info.quantization} ({info.format}, dequantized to "
-                        f"{_name(engine.dtype)} at load)")  # fmt: skip
+                        f"{_name(engine.dtype)} at load{why})")  # fmt: skip
     return (
         f"Model: {info.path}: architecture {info.architecture}, {mc.num_layers} layers, "
         f"{mc.num_heads} heads ({mc.num_kv_heads} KV) of {mc.head_dim}, vocab {mc.vocab_size}; "

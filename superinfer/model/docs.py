@@ -47,10 +47,12 @@ context; their local layers still skip the blocks out of the window.
 
 | format | `--quantization` | how it runs |
 |---|---|---|
-| GGUF Q4_0, Q4_1, Q8_0 | `gguf` | kept quantized: each 32-weight block becomes one (scale, zero) group of PyTorch's CPU int4 kernel (`aten._weight_int4pack_mm_for_cpu`, bfloat16 activations); Q8_0 as two 4-bit planes (`superinfer/model/quant.py`); a Q8_0 token embedding stays Q8_0, and a step dequantizes the rows it reads |
-| GGUF, any type gguf-py dequantizes (F16, Q4_K, Q6_K, ...) | `none` | dequantized to `--dtype` at load |
+| GGUF Q4_0, Q4_1, Q8_0, Q4_K | `gguf` | kept quantized: each 32-weight block becomes one (scale, zero) group of PyTorch's CPU int4 kernel (`aten._weight_int4pack_mm_for_cpu`, bfloat16 activations); Q8_0 as two 4-bit planes; Q4_K's blocks of 32 with their 6-bit scales and mins (`superinfer/model/quant.py`). A layer with a part in another type (Q4_K_M files hold some Q6_K, in blocks of 16) is dequantized; a Q8_0 token embedding stays Q8_0, and a step dequantizes the rows it reads |
+| GGUF, any type gguf-py dequantizes (F16, Q6_K, Q5_K, ...) | `none` | dequantized to `--dtype` at load |
 | safetensors float checkpoints | `none` | as stored, in `--dtype` |
-| AWQ, GPTQ, FP8 checkpoints | - | refused, naming what is supported |
+| AWQ (4-bit, GEMM packing), GPTQ (4-bit, v1 and v2 formats) | `auto`, `awq`, `gptq` | kept quantized in bfloat16: each group's scale s and integer zero z become the int4 kernels' (scale, zero) pair, w = (q - 8) s + (8 - z) s, per 32 inputs (a group of 64 or 128 repeats its pair); on the CPU they run as GGUF Q4_1 does (PyTorch's int4 kernel, the few-row GEMV, the 4-bit GEMM), on CUDA on PyTorch's tinygemm (`aten._weight_int4pack_mm`) (`superinfer/model/quant_checkpoint.py`). GPTQ act-order runs where every 32 inputs share a group, else dequantized |
+| FP8 (`fp8` with a per-tensor scale, compressed-tensors with 8-bit float weights per tensor or channel) | `auto`, `fp8` | on CUDA `torch._scaled_mm` on FP8 activations (one scale per row, or the checkpoint's static `input_scale`); on a CPU dequantized to `--dtype` under `auto` (PyTorch's CPU FP8 matmul is about 30x slower than bfloat16's), run as on CUDA with `fp8`. Block-scaled FP8 (`weight_block_size`) is dequantized everywhere |
+| other quantized checkpoints (bitsandbytes, 8-bit AWQ/GPTQ, AWQ GEMV packing, compressed-tensors integer) | - | refused, naming what is supported |
 
 `auto` (the default) is `gguf` where benchmarks/quantized_decode.py measured it faster
 (the CPU, in bfloat16), else `none` (`superinfer.model.loader.auto_quantizes`). On the CPU
@@ -65,6 +67,15 @@ them). Larger steps (prefill, big batches) of a 4-bit layer run superinfer's 4-b
 weights rounded to bfloat16, and is faster than oneDNN's bfloat16 GEMM from 5 rows to 256.
 A Q8_0 layer, or any layer where that kernel cannot run, keeps a dense bfloat16 copy of the
 same weights for steps of more than 8 rows (lm_head: 4 with the GEMV, 2 without).
+
+AWQ and GPTQ checkpoints take the same CPU path as GGUF Q4_1, after their groups are
+converted (above); `auto` reads the method from config.json and runs them in bfloat16 (an
+AWQ checkpoint states float16, the dtype of the GPU kernels it was made for; PyTorch's int4
+kernels compute in bfloat16). `benchmarks/quant_checkpoint_speed.py` measures them against
+the bfloat16 checkpoint they were made from (docs/results/models/quant_checkpoint_1205/).
+The CUDA layers (`superinfer/model/cuda_int4.py`, `superinfer/model/fp8_linear.py`) have
+CUDA-only tests (`tests/model/test_cuda_quant.py`) that `scripts/gpu_check.py` runs; they
+have not run on a GPU yet.
 
 `gguf-w4a8` runs every step of those layers on 8-bit activations, as llama.cpp computes
 its Q4 and Q8_0 formats: each row is rounded to int8 per block of 32 inputs and

@@ -3,7 +3,9 @@
 `auto` keeps the checkpoint's own dtype where the device computes it natively; a float32
 checkpoint, one that states no dtype (a GGUF file), or one the device cannot compute is
 run in the device's preferred dtype: bfloat16 where it is native (GPUs from Ampere on,
-CPUs with AVX512-BF16 or AMX), else float16 on a GPU and float32 on a CPU.
+CPUs with AVX512-BF16 or AMX), else float16 on a GPU and float32 on a CPU. An AWQ or GPTQ
+checkpoint (stated float16, the dtype of the kernels it was made for) runs in bfloat16
+where that is native: PyTorch's int4 kernels, which run it here, compute in bfloat16.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ def resolve_dtype(name: str, model_path: str | None, device: torch.device) -> to
         return DTYPES[name]
     supported = supported_dtypes(device)
     stated = checkpoint_dtype(model_path)
+    if stated == torch.float16 and _is_int4_checkpoint(model_path):
+        stated = torch.bfloat16
     if stated is not None and stated != torch.float32 and stated in supported:
         return stated
     return supported[0]
@@ -38,15 +42,27 @@ def supported_dtypes(device: torch.device) -> tuple[torch.dtype, ...]:
     return (torch.float32,)
 
 
-def checkpoint_dtype(model_path: str | None) -> torch.dtype | None:
-    """The dtype a Hugging Face directory's config.json states (`torch_dtype` or `dtype`);
-    None for a GGUF file (quantized or not, it states none we follow) or an unknown one."""
+def _is_int4_checkpoint(model_path: str) -> bool:
+    config = _read_config(model_path) or {}
+    method = (config.get("quantization_config") or {}).get("quant_method")
+    return str(method).lower() in ("awq", "gptq")
+
+
+def _read_config(model_path: str | None) -> dict | None:
     if model_path is None:
         return None
     config_path = os.path.join(os.path.expanduser(model_path), "config.json")
     if not os.path.isfile(config_path):
         return None
     with open(config_path) as f:
-        config = json.load(f)
+        return json.load(f)
+
+
+def checkpoint_dtype(model_path: str | None) -> torch.dtype | None:
+    """The dtype a Hugging Face directory's config.json states (`torch_dtype` or `dtype`);
+    None for a GGUF file (quantized or not, it states none we follow) or an unknown one."""
+    config = _read_config(model_path)
+    if config is None:
+        return None
     stated = config.get("torch_dtype") or config.get("dtype")
     return DTYPES.get(str(stated).removeprefix("torch."))

@@ -20,13 +20,19 @@ from superinfer.model.cpu_linear import pack_linears
 from superinfer.model.decoder import DecoderForCausalLM
 from superinfer.model.gguf_checkpoint import GGUFCheckpoint
 from superinfer.model.quant import int4_kernel_available, quantize_embedding, quantize_linears
+from superinfer.model.quant_checkpoint import (
+    METHODS,
+    QuantizedTensors,
+    quant_scheme,
+    swap_quantized_linears,
+)
 from superinfer.model.registry import hf_architecture
 from superinfer.model.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-QUANTIZATIONS = ("auto", "none", "gguf", "gguf-w4a8")
+QUANTIZATIONS = ("auto", "none", "gguf", "gguf-w4a8", *METHODS)
 AUTO_INT4 = True  # measured faster (single-request TPOT): benchmarks/quantized_decode.py
 AUTO_MAX_INT4_ROWS = 8  # auto: larger steps run a dense copy if no 4-bit GEMM (int4_rows.py)
 
@@ -41,6 +47,7 @@ class CheckpointInfo:
     quantization: str  # "Q4_1", "awq", "none"
     num_quantized_linears: int = 0  # linear layers run on their quantized weights
     is_embedding_quantized: bool = False  # the token embedding kept in its GGUF blocks
+    kernel: str = ""  # what runs the quantized layers, or why none do
 
 
 @dataclass
@@ -83,22 +90,27 @@ def load_model(
     On CPU, `pack_weights` prepacks linear weights for oneDNN (faster; the model can then
     not load other weights or change dtype).
 
-    `quantization` (vLLM's `--quantization`): "gguf" runs a GGUF file's Q4_0, Q4_1 and Q8_0
+    `quantization` (vLLM's `--quantization`): "gguf" runs a GGUF file's Q4_0, Q4_1, Q8_0 and Q4_K
     linear layers on their quantized weights (CPU, `superinfer.model.quant`); "none"
     dequantizes them to `dtype`; "auto" is "gguf" where that was measured faster
     (`auto_quantizes`), for steps of a few rows (decode of a few sequences; on `cpu_gemv`'s
     GEMV where it runs), with the 4-bit GEMM of `cpu_q4` (or, for Q8_0 layers, dense
     copies) for larger steps; else "none".
     "gguf-w4a8" runs every step of the GGUF's quantized layers on `cpu_w4a8`'s GEMM, which
-    rounds activations to 8 bits as llama.cpp does (CPU, bfloat16)."""
+    rounds activations to 8 bits as llama.cpp does (CPU, bfloat16).
+    For an AWQ, GPTQ or FP8 checkpoint (`quant_checkpoint`), "auto" or its own method name
+    runs its layers quantized where a kernel here does, "none" dequantizes them."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
     path = default_model_path() if model is None else resolve_model(model)
     device = torch.device(device)
     if os.path.isfile(path) and path.endswith(".gguf"):
+        if quantization in METHODS:
+            raise ValueError(f"--quantization {quantization} is for {quantization} checkpoints; "
+                             f"{path} is a GGUF file (auto, none, gguf or gguf-w4a8)")  # fmt: skip
         loaded = _load_gguf(path, dtype, device, quantization)
     elif os.path.isfile(os.path.join(path, "config.json")):
-        loaded = _load_hf_dir(path, dtype, device)
+        loaded = _load_hf_dir(path, dtype, device, quantization)
     else:
         raise ValueError(
             f"cannot load model {model!r}: expected a .gguf file or a local Hugging Face "
@@ -207,7 +219,7 @@ def load_gguf_model(
         is_embedding_quantized = quantize_embedding(model, checkpoint.tensors)
     if quantization.startswith("gguf") and not swapped:
         raise ValueError(
-            f"--quantization {quantization}: {path} has no Q4_0, Q4_1 or Q8_0 linear layer"
+            f"--quantization {quantization}: {path} has no Q4_0, Q4_1, Q8_0 or Q4_K linear layer"
         )
     info = CheckpointInfo(path, "gguf", checkpoint.architecture, checkpoint.quantization,
                           len(swapped), is_embedding_quantized)  # fmt: skip
@@ -242,25 +254,37 @@ def _load_gguf(
     return LoadedModel(model, model.config, load_tokenizer(path), info)
 
 
-def _load_hf_dir(path: str, dtype: torch.dtype, device: torch.device) -> LoadedModel:
+def _load_hf_dir(
+    path: str, dtype: torch.dtype, device: torch.device, quantization: str = "auto"
+) -> LoadedModel:
     with open(os.path.join(path, "config.json")) as f:
         hf_config = json.load(f)
     arch = hf_architecture(hf_config)
-    quantization = (hf_config.get("quantization_config") or {}).get("quant_method", "none")
-    if quantization != "none":
-        raise ValueError(
-            f"{path}: {quantization} checkpoints are not supported; quantized execution "
-            "covers GGUF Q4_0, Q4_1 and Q8_0 (docs/models.md)"
-        )
+    try:
+        scheme = quant_scheme(hf_config)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+    method = "none" if scheme is None else scheme.method
+    if quantization.startswith("gguf") or quantization in METHODS and quantization != method:
+        raise ValueError(f"--quantization {quantization} does not apply to {path}, a "
+                         f"{'non-quantized' if scheme is None else method} checkpoint "
+                         "(auto or none)")  # fmt: skip
     config = arch.hf_config(hf_config)
     config.architecture = arch.name
     config.name = os.path.basename(os.path.normpath(path))
     config.eos_token_id = _merge_generation_eos(path, config.eos_token_ids) or None
     weights = _safetensors_weights(path)
+    quantized = None if scheme is None else QuantizedTensors(scheme)
+    if quantized is not None:
+        weights = quantized.dequantize(weights)
     if arch.hf_weights is not None:
         weights = arch.hf_weights(weights, config)
     model = build_model(config, weights, dtype, device)
-    info = CheckpointInfo(path, "safetensors", arch.name, quantization)
+    num_swapped, kernel = 0, "dequantized (--quantization none)"
+    if quantized is not None and quantization != "none":
+        num_swapped, kernel = swap_quantized_linears(model, quantized, dtype, device,
+                                                     AUTO_MAX_INT4_ROWS, quantization == "fp8")  # fmt: skip
+    info = CheckpointInfo(path, "safetensors", arch.name, method, num_swapped, kernel=kernel)
     return LoadedModel(model, config, load_tokenizer(path), info)
 
 

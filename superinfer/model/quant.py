@@ -1,4 +1,4 @@
-"""GGUF Q4_0, Q4_1 and Q8_0 weights kept quantized on the CPU, multiplied by PyTorch's own
+"""GGUF Q4_0, Q4_1, Q8_0 and Q4_K weights kept quantized on the CPU, multiplied by PyTorch's own
 int4 weight-only kernel (`aten._weight_int4pack_mm_for_cpu`, bfloat16 activations).
 
 The kernel computes w = (q - 8) * scale + zero for 4-bit q with one (scale, zero) per group
@@ -9,7 +9,10 @@ are then rounded to bfloat16, the kernel's dtype):
 - Q4_1: w = d q + m: scale d, zero m + 8 d;
 - Q8_0: w = d q8, q8 = q + 128 - 128 split into nibbles q + 128 = 16 hi + lo:
   w = (lo - 8) d + 8 d + (hi - 8) 16 d, two 4-bit planes side by side along the inputs
-  (the input is repeated once), the same bytes as the int8 values.
+  (the input is repeated once), the same bytes as the int8 values;
+- Q4_K: super-blocks of 256 with fp16 d and dmin, and per block of 32 a 6-bit scale sc and
+  min m: w = d sc q - dmin m, so scale d sc, zero 8 d sc - dmin m (Q6_K, in blocks of 16,
+  does not fit: its layers are dequantized).
 
 Fused projections (q/k/v, gate/up) concatenate their GGUF tensors' rows, which is exact.
 
@@ -29,6 +32,7 @@ import sys
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType, ReaderTensor
+from gguf.quants import Q4_K
 from torch import Tensor, nn
 
 from superinfer.model.cpu_gemv import MAX_ROWS as GEMV_MAX_ROWS
@@ -48,6 +52,7 @@ QUANT_TYPES = {
     GGMLQuantizationType.Q4_0: "Q4_0",
     GGMLQuantizationType.Q4_1: "Q4_1",
     GGMLQuantizationType.Q8_0: "Q8_0",
+    GGMLQuantizationType.Q4_K: "Q4_K",
 }
 
 
@@ -190,11 +195,13 @@ def q8_0_blocks(tensor: ReaderTensor) -> tuple[np.ndarray, np.ndarray]:
 
 
 def int4_planes(tensor: ReaderTensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(nibbles (N, K') uint8, scales and zeros (N, K'/32) float32) of a Q4_0, Q4_1 or Q8_0
-    tensor."""
+    """(nibbles (N, K') uint8, scales and zeros (N, K'/32) float32) of a Q4_0, Q4_1, Q8_0
+    or Q4_K tensor."""
     kind = tensor.tensor_type
     num_rows = int(tensor.shape[-1])
     raw = np.asarray(tensor.data).reshape(num_rows, -1)
+    if kind == GGMLQuantizationType.Q4_K:
+        return _q4_k_planes(raw)
     if kind == GGMLQuantizationType.Q8_0:
         d, values = q8_0_blocks(tensor)
         u = values ^ np.uint8(0x80)  # q + 128 as uint8, (N, nb, 32)
@@ -216,6 +223,23 @@ def int4_planes(tensor: ReaderTensor) -> tuple[Tensor, Tensor, Tensor]:
     return tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in (nibbles, scales, zeros))
 
 
+def _q4_k_planes(raw: np.ndarray) -> tuple[Tensor, Tensor, Tensor]:
+    """`int4_planes` of a Q4_K tensor's rows of 144-byte super-blocks: fp16 d and dmin,
+    12 bytes of 6-bit scales and mins (gguf's `Q4_K.get_scale_min` unpacks them), then 128
+    bytes holding blocks 2i and 2i + 1 in the low and high nibbles of bytes 32i .. 32i + 31."""
+    num_rows = raw.shape[0]
+    blocks = raw.reshape(-1, 144)
+    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)  # (n, 1)
+    dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
+    sc, m = Q4_K.get_scale_min(blocks[:, 4:16])  # (n, 8) each
+    scales = d * sc.astype(np.float32)
+    zeros = 8 * scales - dmin * m.astype(np.float32)
+    qs = blocks[:, 16:].reshape(-1, 4, 1, 32)
+    nibbles = np.concatenate([qs & 15, qs >> 4], 2)  # (n, 4 pairs, 2, 32)
+    out = (nibbles.reshape(num_rows, -1), scales.reshape(num_rows, -1), zeros.reshape(num_rows, -1))
+    return tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in out)
+
+
 # module of each decoder layer -> its GGUF tensors, in the fused parameter's row order
 _LAYER_SOURCES = {
     "self_attn.qkv_proj": ("attn_q", "attn_k", "attn_v"),
@@ -232,72 +256,101 @@ def quantize_linears(
     max_int4_rows: int | None = None,
     is_w4a8: bool = False,
 ) -> list[str]:
-    """Swap the model's linear layers whose GGUF tensors are all Q4_0, Q4_1 or Q8_0 (the
-    same planes' width) for Int4Linear; returns the names swapped. Call it after the
-    weights are loaded (biases and tied embeddings are taken from the model). With
-    `max_int4_rows`, larger steps run a 4-bit layer on the 4-bit GEMM (`Int4Linear.keep_q4`)
-    where it runs here, other layers on a dense copy (`Int4Linear.keep_dense`). The 4-bit
-    GEMM is faster from 5 rows, but it rounds its weights to bfloat16 as the dense copy
-    did, and the int4 kernel does not: keeping steps of up to 8 rows on the int4 kernel,
-    as before, keeps short prefills and small batches on one kernel whether they run alone
-    or together (a seeded request then samples the same tokens). Those steps run the
-    few-row GEMV (`Int4Linear.keep_gemv`) where it runs here, which computes each row on
-    its own. lm_head leaves them sooner, after LM_HEAD_GEMV_MAX_ROWS (LM_HEAD_MAX_INT4_ROWS
-    on the int4 kernel): on one (vocab, hidden) matrix oneDNN's bfloat16 GEMM reads at full
-    bandwidth (benchmarks/int4_rows.py). With
-    `is_w4a8` (and `max_int4_rows`), the larger steps of every swapped layer (4-bit and
-    Q8_0) run `cpu_w4a8`'s GEMM instead, which rounds their activations to 8 bits."""
+    """Swap the model's linear layers whose GGUF tensors are all Q4_0, Q4_1, Q8_0 or Q4_K (the
+    same planes' width) for Int4Linear (`swap_int4_linears`); returns the names swapped.
+    Call it after the weights are loaded (biases and tied embeddings are taken from the
+    model)."""
     config = model.config
     sources = {"lm_head": ("output" if "output.weight" in tensors else "token_embd",)}
     for i in range(config.num_layers):
         for module, parts in _LAYER_SOURCES.items():
             sources[f"model.layers.{i}.{module}"] = tuple(f"blk.{i}.{p}" for p in parts)
-    swapped = []
+    planes = {}
     for name, parts in sources.items():
         found = [tensors.get(f"{p}.weight") for p in parts]
+        if all(t is not None and t.tensor_type in QUANT_TYPES for t in found):
+            planes[name] = [int4_planes(t) for t in found]
+    return swap_int4_linears(model, planes, interleaved_qk, max_int4_rows, is_w4a8)
+
+
+Planes = tuple[Tensor, Tensor, Tensor]  # nibbles (N, K'), scales and zeros (N, K' / 32)
+
+
+def swap_int4_linears(
+    model: nn.Module,
+    planes: dict[str, list[Planes]],
+    interleaved_qk: bool,
+    max_int4_rows: int | None = None,
+    is_w4a8: bool = False,
+) -> list[str]:
+    """Swap each linear layer named in `planes` for an Int4Linear over its parts' planes
+    (q/k/v or gate/up concatenated by rows, as the fused parameter holds them; q/k rows
+    reordered for RoPE unless `interleaved_qk`); returns the names swapped. A layer whose
+    parts differ in width (Q4 and Q8_0 planes) is left as it is.
+
+    With `max_int4_rows`, larger steps run a 4-bit layer on the 4-bit GEMM
+    (`Int4Linear.keep_q4`) where it runs here, other layers on a dense copy
+    (`Int4Linear.keep_dense`). The 4-bit GEMM is faster from 5 rows, but it rounds its
+    weights to bfloat16 as the dense copy did, and the int4 kernel does not: keeping steps
+    of up to 8 rows on the int4 kernel, as before, keeps short prefills and small batches on
+    one kernel whether they run alone or together (a seeded request then samples the same
+    tokens). Those steps run the few-row GEMV (`Int4Linear.keep_gemv`) where it runs here,
+    which computes each row on its own. lm_head leaves them sooner, after
+    LM_HEAD_GEMV_MAX_ROWS (LM_HEAD_MAX_INT4_ROWS on the int4 kernel): on one (vocab,
+    hidden) matrix oneDNN's bfloat16 GEMM reads at full bandwidth (benchmarks/int4_rows.py).
+    With `is_w4a8` (and `max_int4_rows`), the larger steps of every swapped layer (4-bit and
+    Q8_0) run `cpu_w4a8`'s GEMM instead, which rounds their activations to 8 bits."""
+    head_dim = model.config.head_dim
+    swapped = []
+    for name, parts in planes.items():
         linear = model.get_submodule(name)
-        if not isinstance(linear, nn.Linear) or not all(
-            t is not None and t.tensor_type in QUANT_TYPES for t in found
-        ):
-            continue
-        planes = [int4_planes(t) for t in found]
-        if len({p[0].shape[1] for p in planes}) != 1:
+        if not isinstance(linear, nn.Linear) or len({p[0].shape[1] for p in parts}) != 1:
             continue  # Q4 and Q8_0 parts in one fused layer
         if not interleaved_qk and name.endswith("qkv_proj"):
-            planes[:2] = [_interleave(p, config.head_dim) for p in planes[:2]]
-        fused = [torch.cat([p[i] for p in planes]) for i in range(3)]
+            parts = [_interleave(p, head_dim) for p in parts[:2]] + list(parts[2:])
+        fused = [torch.cat([p[i] for p in parts]) for i in range(3)]
         parent, _, child = name.rpartition(".")
         int4 = Int4Linear(*fused, linear.in_features, linear.bias)
         if max_int4_rows is not None:
-            # the larger steps compute with the int4 kernel's weights (same rounded scales):
-            # a request's tokens do not depend on how many rows shared its steps (is_w4a8:
-            # the loader passes 0, so that every step runs one kernel, row by row)
-            gemv = gemv_kernel() if not is_w4a8 and max_int4_rows <= GEMV_MAX_ROWS else None
-            rows = max_int4_rows
-            if name == "lm_head":
-                head_rows = LM_HEAD_MAX_INT4_ROWS if gemv is None else LM_HEAD_GEMV_MAX_ROWS
-                rows = min(max_int4_rows, head_rows)
-            if is_w4a8:  # 4-bit and Q8_0 layers alike
-                weights = _w4a8_kernel().pack_planes(*fused, linear.in_features, linear.bias)
-            else:
-                q4 = q4_kernel() if int4.num_planes == 1 else None
-                weights = None if q4 is None else q4.pack(*fused, linear.bias)
-            if weights is not None:
-                int4.keep_q4(weights, rows)
-            else:
-                weight = int4.dequantized(*fused, linear.weight.dtype)
-                linear.weight = nn.Parameter(weight, requires_grad=False)  # unties lm_head
-                int4.keep_dense(linear, rows)
-            if gemv is not None and rows > 0:
-                if int4.num_planes == 1 and isinstance(weights, Q4Weights):
-                    int4.keep_gemv(gemv, weights)
-                elif int4.num_planes == 2:
-                    scales = fused[1]
-                    int4.keep_gemv(gemv, gemv.pack_planes(fused[0], scales, linear.in_features,
-                                                          linear.bias))  # fmt: skip
+            _keep_larger_steps(int4, name, linear, fused, max_int4_rows, is_w4a8)
         setattr(model.get_submodule(parent), child, int4)
         swapped.append(name)
     return swapped
+
+
+def _keep_larger_steps(
+    int4: Int4Linear,
+    name: str,
+    linear: nn.Linear,
+    fused: list[Tensor],
+    max_int4_rows: int,
+    is_w4a8: bool,
+) -> None:
+    """The kernels of `swap_int4_linears`' hybrid: the larger steps compute with the int4
+    kernel's weights (same rounded scales), so a request's tokens do not depend on how many
+    rows shared its steps (is_w4a8: the loader passes 0, so that every step runs one kernel,
+    row by row)."""
+    gemv = gemv_kernel() if not is_w4a8 and max_int4_rows <= GEMV_MAX_ROWS else None
+    rows = max_int4_rows
+    if name == "lm_head":
+        rows = min(max_int4_rows, LM_HEAD_MAX_INT4_ROWS if gemv is None else LM_HEAD_GEMV_MAX_ROWS)
+    if is_w4a8:  # 4-bit and Q8_0 layers alike
+        weights = _w4a8_kernel().pack_planes(*fused, linear.in_features, linear.bias)
+    else:
+        q4 = q4_kernel() if int4.num_planes == 1 else None
+        weights = None if q4 is None else q4.pack(*fused, linear.bias)
+    if weights is not None:
+        int4.keep_q4(weights, rows)
+    else:
+        weight = int4.dequantized(*fused, linear.weight.dtype)
+        linear.weight = nn.Parameter(weight, requires_grad=False)  # unties lm_head
+        int4.keep_dense(linear, rows)
+    if gemv is not None and rows > 0:
+        if int4.num_planes == 1 and isinstance(weights, Q4Weights):
+            int4.keep_gemv(gemv, weights)
+        elif int4.num_planes == 2:
+            int4.keep_gemv(gemv, gemv.pack_planes(fused[0], fused[1], linear.in_features,
+                                                  linear.bias))  # fmt: skip
 
 
 def _w4a8_kernel() -> W4A8Kernel:

@@ -61,7 +61,7 @@ def interleave_rope_rows(w: Tensor, head_dim: int) -> Tensor:
     return heads.transpose(1, 2).reshape(w.shape)
 
 
-def _target(name: str) -> tuple[str, Part]:
+def parameter_part(name: str) -> tuple[str, Part]:
     """The parameter a canonical checkpoint name goes to, and which part of it."""
     if match := _EXPERT.match(name):
         prefix, expert, proj = match[1], int(match[2]), match[3]
@@ -80,7 +80,7 @@ def _load_one(
     model: DecoderForCausalLM, params: dict[str, nn.Parameter], name: str, tensor: Tensor
 ) -> tuple[str, Part]:
     """Copy one checkpoint tensor; returns (parameter name, part of a fused parameter)."""
-    target, part = _target(name)
+    target, part = parameter_part(name)
     if target not in params:
         raise ValueError(f"unexpected weight {name!r} for {model.config.architecture}")
     param = params[target]

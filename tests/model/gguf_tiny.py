@@ -22,6 +22,38 @@ _NAMES = {
 _TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 
 
+Q4_K = GGMLQuantizationType.Q4_K
+
+
+def quantize_q4_k(data: np.ndarray) -> np.ndarray:
+    """(N, K) float32 -> (N, K / 256 * 144) bytes of Q4_K super-blocks, laid out as
+    llama.cpp's block_q4_K (gguf-py reads them but does not write them): fp16 d and dmin;
+    per block of 32 a 6-bit scale sc and min m (w = d sc q - dmin m), packed in 12 bytes;
+    then the 4-bit values, blocks 2i and 2i + 1 in the low and high nibbles of 32 bytes.
+    Scales and mins by each block's min and max (not llama.cpp's error search)."""
+    num_rows = data.shape[0]
+    x = data.astype(np.float32).reshape(-1, 8, 32)  # (super-blocks, blocks, 32)
+    lo = np.minimum(x.min(-1), 0)
+    block_scale = (x.max(-1) - lo) / 15
+    d = (block_scale.max(-1, keepdims=True) / 63).astype(np.float16)
+    dmin = (-lo.min(-1, keepdims=True) / 63).astype(np.float16)
+    sc = np.clip(np.round(block_scale / np.maximum(d.astype(np.float32), 1e-12)), 1, 63)
+    m = np.clip(np.round(-lo / np.maximum(dmin.astype(np.float32), 1e-12)), 0, 63)
+    sc, m = sc.astype(np.uint8), m.astype(np.uint8)
+    step = d.astype(np.float32) * sc
+    offset = dmin.astype(np.float32) * m
+    q = np.clip(np.round((x + offset[..., None]) / np.maximum(step, 1e-12)[..., None]), 0, 15)
+    q = q.astype(np.uint8).reshape(-1, 4, 2, 32)
+    scales = np.concatenate([
+        (sc[:, :4] & 63) | ((sc[:, 4:] >> 4) << 6),
+        (m[:, :4] & 63) | ((m[:, 4:] >> 4) << 6),
+        (sc[:, 4:] & 15) | ((m[:, 4:] & 15) << 4),
+    ], 1)  # fmt: skip
+    qs = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(-1, 128)
+    blocks = np.concatenate([d.view(np.uint8), dmin.view(np.uint8), scales, qs], 1)
+    return blocks.reshape(num_rows, -1)
+
+
 def gguf_name(hf_name: str) -> str:
     stem, _, kind = hf_name.rpartition(".")
     if stem in _TOP:
@@ -61,7 +93,8 @@ def write_gguf(
         if arch == "llama" and ("q_proj" in name or "k_proj" in name):
             data = interleave_rope_rows(tensor.float(), c.head_dim).numpy()
         if data.ndim == 2:
-            writer.add_tensor(gguf_name(name), quantize(data, qtype), raw_dtype=qtype)
+            blocks = quantize_q4_k(data) if qtype == Q4_K else quantize(data, qtype)
+            writer.add_tensor(gguf_name(name), blocks, raw_dtype=qtype)
         else:
             writer.add_tensor(gguf_name(name), np.ascontiguousarray(data))
     writer.write_header_to_file()

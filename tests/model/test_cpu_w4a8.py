@@ -149,5 +149,5 @@ def test_the_flag_is_accepted_and_others_still_refused() -> None:
     from superinfer.config import ModelConfig
 
     assert ModelConfig(quantization="gguf-w4a8").quantization == "gguf-w4a8"
-    with pytest.raises(ValueError, match="auto, none, gguf or gguf-w4a8"):
+    with pytest.raises(ValueError, match="auto, none, gguf, gguf-w4a8, awq, gptq, fp8"):
         ModelConfig(quantization="w4a8")

@@ -1,5 +1,5 @@
-"""GGUF Q4_0, Q4_1 and Q8_0 kept quantized (int4 kernel) against the same file dequantized,
-and GGUF round trips of Llama and Qwen3 against transformers."""
+"""GGUF Q4_0, Q4_1, Q8_0 and Q4_K kept quantized (int4 kernel) against the same file
+dequantized, and GGUF round trips of Llama and Qwen3 against transformers."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from superinfer.model.quant import (
     int4_kernel_available,
     int4_planes,
 )
-from tests.model.gguf_tiny import write_gguf
+from tests.model.gguf_tiny import quantize_q4_k, write_gguf
 from tests.model.paged import PagedRun
 from tests.model.tiny import PROMPT, TINY, save_tiny, tiny_configs
 
@@ -108,11 +108,13 @@ def test_quantized_execution_agrees_with_the_dequantized_file(
 def test_quantization_flag_values(tmp_path, hf_models) -> None:
     path = write_gguf(hf_models["llama"], tmp_path / "f.gguf", "llama",
                       GGMLQuantizationType.F32)  # fmt: skip
-    with pytest.raises(ValueError, match="no Q4_0, Q4_1 or Q8_0"):
+    with pytest.raises(ValueError, match="no Q4_0, Q4_1, Q8_0 or Q4_K"):
         load_gguf_model(str(path), torch.bfloat16, CPU, "gguf")
     from superinfer.model.loader import load_model
 
     with pytest.raises(ValueError, match="quantization must be one of"):
+        load_model(str(path), torch.float32, CPU, quantization="bitsandbytes")
+    with pytest.raises(ValueError, match="awq is for awq checkpoints; .* is a GGUF file"):
         load_model(str(path), torch.float32, CPU, quantization="awq")
 
 
@@ -186,3 +188,42 @@ def test_q8_embedding_reads_the_rows_the_dense_table_holds(hf_models, tmp_path) 
     ids = torch.tensor([0, 7, 7, TINY["vocab_size"] - 1, 3])
     with torch.inference_mode():
         assert torch.equal(table(ids), dense.model.embed_tokens(ids))
+
+
+def test_q4_k_planes_reproduce_gguf_s_dequantization(tmp_path) -> None:
+    """Q4_K blocks (written by tests' packer, read back by gguf-py's own dequantizer) become
+    32-input (scale, zero) groups exactly, in float32."""
+    torch.manual_seed(0)
+    weight = torch.randn(96, 512) * 0.2
+    from gguf import GGUFWriter
+
+    qtype = GGMLQuantizationType.Q4_K
+    writer = GGUFWriter(str(tmp_path / "w.gguf"), "llama")
+    writer.add_tensor("w", quantize_q4_k(weight.numpy()), raw_dtype=qtype)
+    writer.write_header_to_file(), writer.write_kv_data_to_file()
+    writer.write_tensors_to_file(), writer.close()
+    (tensor,) = GGUFReader(str(tmp_path / "w.gguf")).tensors
+    exact = torch.from_numpy(dequantize(tensor.data, qtype)).reshape(96, 512)
+    assert (exact - weight).abs().max() < 0.1  # a real quantization of the weights
+    nibbles, scales, zeros = int4_planes(tensor)
+    rebuilt = (nibbles.float() - 8) * scales.repeat_interleave(32, 1) + zeros.repeat_interleave(
+        32, 1
+    )
+    torch.testing.assert_close(rebuilt, exact, rtol=0, atol=1e-6)  # float32 rounding only
+
+
+@needs_kernel
+def test_q4_k_runs_quantized_and_agrees_with_the_dequantized_file(tmp_path) -> None:
+    """A Llama whose matrices all divide into Q4_K's super-blocks of 256."""
+    config = LlamaConfig(**{**TINY, "hidden_size": 256, "intermediate_size": 512})
+    directory = save_tiny(tmp_path / "hf", config, seed=5)
+    hf = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    path = write_gguf(hf, tmp_path / "q4k.gguf", "llama", GGMLQuantizationType.Q4_K)
+    dense, _ = load_gguf_model(str(path), torch.bfloat16, CPU, "none")
+    quantized, info = load_gguf_model(str(path), torch.bfloat16, CPU, "auto")
+    num_linears = 4 * TINY["num_hidden_layers"] + 1
+    assert info.num_quantized_linears == num_linears
+    runs = [PagedRun(m, 16, 4) for m in (dense, quantized)]
+    logits = [r.step([(r.add(PROMPT), len(PROMPT))], all_logits=True) for r in runs]
+    assert torch.cosine_similarity(logits[0], logits[1], dim=-1).min() > 0.999
+    assert (logits[0].argmax(-1) == logits[1].argmax(-1)).float().mean() >= 0.9
