@@ -213,7 +213,6 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     parser = build_parser()
     try:
         argv = with_config_file(parser, list(sys.argv[1:] if argv is None else argv))

@@ -4,6 +4,7 @@ configuration as its superinfer spelling, or is refused; the YAML --config; byte
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shlex
 from pathlib import Path
@@ -116,3 +117,12 @@ def test_config_file_errors_are_clear(tmp_path, capsys):
     config.write_text("- a list\n")
     with pytest.raises(ValueError, match="mapping"):
         with_config_file(build_parser(), ["serve", f"--config={config}"])
+
+
+def test_the_cli_leaves_hub_access_to_the_user(monkeypatch, capsys):
+    """`superinfer serve org/name` downloads when the network allows (as vLLM does): the CLI
+    does not turn on HF_HUB_OFFLINE itself; tests and CI set it."""
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    assert main(["serve", "-tp", "4"]) == 2
+    capsys.readouterr()
+    assert "HF_HUB_OFFLINE" not in os.environ

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import json
 import logging
@@ -276,7 +277,7 @@ def _load_hf_dir(
     weights = _safetensors_weights(path)
     quantized = None if scheme is None else QuantizedTensors(scheme)
     if quantized is not None:
-        weights = quantized.dequantize(weights)
+        weights = quantized.dequantize(weights, functools.partial(_has_bias, config))
     if arch.hf_weights is not None:
         weights = arch.hf_weights(weights, config)
     model = build_model(config, weights, dtype, device)
@@ -286,6 +287,11 @@ def _load_hf_dir(
                                                      AUTO_MAX_INT4_ROWS, quantization == "fp8")  # fmt: skip
     info = CheckpointInfo(path, "safetensors", arch.name, method, num_swapped, kernel=kernel)
     return LoadedModel(model, config, load_tokenizer(path), info)
+
+
+def _has_bias(config: ModelConfig, module: str) -> bool:
+    """Whether the decoder gives the checkpoint module `module` a bias (q/k/v only)."""
+    return config.attention_bias and module.endswith((".q_proj", ".k_proj", ".v_proj"))
 
 
 def _safetensors_weights(path: str) -> Iterator[tuple[str, Tensor]]:

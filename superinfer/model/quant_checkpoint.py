@@ -114,18 +114,28 @@ class QuantizedTensors:
     planes: dict[str, Planes | None] = field(default_factory=dict)
     fp8: dict[str, tuple[Tensor, Tensor, Tensor | None] | None] = field(default_factory=dict)
 
-    def dequantize(self, weights: Iterable[tuple[str, Tensor]]) -> Iterator[tuple[str, Tensor]]:
+    def dequantize(
+        self,
+        weights: Iterable[tuple[str, Tensor]],
+        has_bias: Callable[[str], bool] = lambda _module: True,
+    ) -> Iterator[tuple[str, Tensor]]:
         """`weights` with each quantized layer's tensors replaced by its `.weight`, float32
-        (yielded last, once every file has been read: a layer's tensors may be split)."""
+        (yielded last, once every file has been read: a layer's tensors may be split).
+        A quantized layer's all-zero bias is left out where the model has none
+        (`has_bias(module)` is False): AutoGPTQ writes one for every layer, as vLLM skips."""
         pending: dict[str, dict[str, Tensor]] = {}
         for name, tensor in weights:
             module, _, kind = name.rpartition(".")
-            if self._is_quantized(kind, tensor):
+            if self._is_quantized(kind, tensor) or kind == "bias":
                 pending.setdefault(module, {})[kind] = tensor
             else:
                 yield name, tensor
         for module, parts in pending.items():
-            yield f"{module}.weight", self._take(module, parts)
+            bias = parts.pop("bias", None)
+            if bias is not None and (has_bias(module) or not parts or bool(bias.any())):
+                yield f"{module}.bias", bias
+            if parts:
+                yield f"{module}.weight", self._take(module, parts)
 
     def _is_quantized(self, kind: str, tensor: Tensor) -> bool:
         if self.scheme.method == "fp8":

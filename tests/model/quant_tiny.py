@@ -30,15 +30,22 @@ def tiny_quant_config() -> LlamaConfig:
     return LlamaConfig(**{**TINY, "intermediate_size": 128}, tie_word_embeddings=False)
 
 
-def quantize_groups(w: Tensor, group_size: int, min_zero: int = 0) -> tuple[Tensor, Tensor, Tensor]:
-    """Asymmetric 4-bit groups along the inputs of w (N, K): q (K, N), z (G, N) int32,
-    s (G, N) float16; zeros from `min_zero` (GPTQ v1 cannot store 0)."""
+def quantize_groups(
+    w: Tensor, group_size: int, min_zero: int = 0, is_symmetric: bool = False
+) -> tuple[Tensor, Tensor, Tensor]:
+    """4-bit groups along the inputs of w (N, K): q (K, N), z (G, N) int32, s (G, N)
+    float16. Asymmetric (zeros from `min_zero`: GPTQ v1 cannot store 0) or symmetric
+    (z = 8, GPTQ's `sym`)."""
     num_rows, num_inputs = w.shape
     size = num_inputs if group_size == -1 else group_size
     wg = w.t().reshape(num_inputs // size, size, num_rows)
     lo, hi = wg.amin(1), wg.amax(1)
-    s = ((hi - lo) / 15).clamp(min=1e-4).half()
-    z = torch.round(-lo / s.float()).clamp(min_zero, 15)
+    if is_symmetric:
+        s = (torch.maximum(-lo, hi) / 7).clamp(min=1e-4).half()
+        z = torch.full_like(lo, 8.0)
+    else:
+        s = ((hi - lo) / 15).clamp(min=1e-4).half()
+        z = torch.round(-lo / s.float()).clamp(min_zero, 15)
     q = (torch.round(wg / s.float().unsqueeze(1)) + z.unsqueeze(1)).clamp(0, 15)
     return q.reshape(num_inputs, num_rows).int(), z.int(), s
 
@@ -65,13 +72,17 @@ def pack_rows(v: Tensor) -> Tensor:
 
 
 def int4_tensors(
-    w: Tensor, method: str, group_size: int, groups: Tensor | None = None
+    w: Tensor,
+    method: str,
+    group_size: int,
+    groups: Tensor | None = None,
+    is_symmetric: bool = False,
 ) -> tuple[dict[str, Tensor], Tensor]:
     """A layer's checkpoint tensors in `method` ("awq", "gptq" v1, "gptq_v2"), and the
     weight they stand for. `groups` (GPTQ act-order): each input's group, any order."""
     num_inputs, min_zero = w.shape[1], int(method == "gptq")
     if groups is None:
-        q, z, s = quantize_groups(w, group_size, min_zero)
+        q, z, s = quantize_groups(w, group_size, min_zero, is_symmetric)
         size = num_inputs if group_size == -1 else group_size
         groups = torch.arange(num_inputs) // size
     else:  # quantize inputs grouped by `groups`: permute them together, then back

@@ -330,3 +330,25 @@ def test_int4_rule_prefers_bfloat16_for_int4_checkpoints(tmp_path, monkeypatch) 
     config["quantization_config"] = {"quant_method": "gptq", "bits": 4}
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert dtype_module.resolve_dtype("auto", str(tmp_path), torch.device("cpu")) == torch.bfloat16
+
+
+def test_gptq_zero_biases_the_model_lacks_are_skipped(tmp_path_factory) -> None:
+    """AutoGPTQ writes a bias for every layer, zeros where the model has none: skipped, as
+    vLLM does. A nonzero one is still an error."""
+
+    def make_layer(bias_value: float):
+        def make(_name: str, w: torch.Tensor):
+            parts, weight = int4_tensors(w, "gptq", 32)
+            return {**parts, "bias": torch.full((w.shape[0],), bias_value)}, weight
+
+        return make
+
+    config = _int4_config("gptq", 32)
+    quantized, reference = _saved(tmp_path_factory, ("gptq", "bias0"), config, make_layer(0.0))
+    loaded = load_model(str(quantized), torch.float32, "cpu", quantization="none")
+    assert _chunked_greedy(PagedRun(loaded.model, num_blocks=64, block_size=4)) == _reference(
+        reference
+    )
+    nonzero, _ = _saved(tmp_path_factory, ("gptq", "bias1"), config, make_layer(0.5))
+    with pytest.raises(ValueError, match="unexpected weight .*bias"):
+        load_model(str(nonzero), torch.float32, "cpu")
