@@ -16,6 +16,8 @@ Sections, most important first (each one's failure is recorded and the run goes 
   pipeline      `launch` overlapped with building the next step vs `execute`, 135M, batch 32
   profile       GPU kernel time of an eager decode step by kernel (torch.profiler), both
                 shapes, batch 1 and 32
+  quant         AWQ/GPTQ int4 (tinygemm) and FP8 (torch._scaled_mm) layers against bf16, on
+                Llama-3-8B's projection shapes at 1-64 rows, vs weight bytes / bandwidth
   cuda_tests    the CUDA tests of the runner, attention, KV cache, transfer and the
                 quantized layers (--skip-tests)
 
@@ -1038,6 +1040,52 @@ def time_pipelined(
     return (time.perf_counter() - start) / steps
 
 
+# Llama-3-8B's projections (in, out features), q/k/v and gate/up fused as the model holds them
+QUANT_SHAPES = (("qkv", 4096, 6144), ("gate_up", 4096, 28672), ("down", 14336, 4096))
+QUANT_ROWS = (1, 16, 64)
+
+
+def section_quant(ctx: Context) -> dict[str, Any]:
+    """The quantized checkpoints' CUDA layers against a bf16 linear of the same shape:
+    AWQ/GPTQ's int4 (tinygemm, `CudaInt4Linear`) and FP8 (`Fp8Linear`, torch._scaled_mm with
+    dynamic per-row activation scales), one call each at 1-64 rows, against the weight bytes
+    read at the measured copy bandwidth. --smoke: a tiny shape on the CPU, FP8 only."""
+    from superinfer.model.cuda_int4 import CudaInt4Linear, cuda_int4_available
+    from superinfer.model.fp8_linear import FP8, Fp8Linear
+
+    plan, device = ctx.plan, ctx.plan.device
+    shapes = QUANT_SHAPES if not plan.smoke else (("tiny", 256, 512),)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    results: dict[str, Any] = {}
+    for name, num_in, num_out in shapes:
+        w = (torch.randn(num_out, num_in, generator=gen) * 0.02).to(torch.bfloat16).to(device)
+        dense = torch.nn.Linear(num_in, num_out, bias=False, device=device, dtype=torch.bfloat16)
+        dense.weight.data = w
+        row_scales = w.float().abs().amax(1) / 448
+        fp8 = Fp8Linear((w.float() / row_scales[:, None]).to(FP8), row_scales, None, None,
+                        torch.bfloat16)  # fmt: skip
+        layers: dict[str, tuple[torch.nn.Module, int]] = {
+            "bf16": (dense, 2 * w.numel()),
+            "fp8": (fp8, w.numel()),
+        }
+        if device.type == "cuda" and cuda_int4_available():
+            nibbles = torch.randint(0, 16, (num_out, num_in), generator=gen, dtype=torch.uint8)
+            scales = torch.full((num_out, num_in // 32), 0.01)
+            zeros = torch.zeros(num_out, num_in // 32)
+            int4 = CudaInt4Linear(nibbles.to(device), scales.to(device), zeros.to(device), None)
+            layers["int4"] = (int4, w.numel() // 2 + 2 * 2 * scales.numel())
+        for rows in QUANT_ROWS:
+            x = torch.randn(rows, num_in, generator=gen).to(torch.bfloat16).to(device)
+            with torch.inference_mode():
+                for kind, (layer, num_bytes) in layers.items():
+                    seconds = time_kernel(lambda: layer(x), device, plan.warmup, plan.iters)  # noqa: B023
+                    bound_ms = num_bytes / (ctx.peaks.copy_gb_s * GB) * 1e3
+                    results[f"{name} {kind} rows={rows}"] = seconds * 1e3
+                    ctx.row("quant", f"{name} {num_in}x{num_out} {kind} rows={rows}",
+                            seconds * 1e3, "ms", bound_ms, "bound: weight bytes / copy bandwidth")  # fmt: skip
+    return results
+
+
 CUDA_TESTS = (
     "tests/engine/test_cuda_graphs.py",
     "tests/model/test_triton_attention.py",
@@ -1193,6 +1241,7 @@ SECTIONS = (
     Section("prefill_135m", lambda ctx: section_prefill(ctx, "prefill_135m", "small"), ("small",)),
     Section("pipeline", section_pipeline, ("small",)),
     Section("profile", section_profile, ("big", "small")),
+    Section("quant", section_quant),
     Section("cuda_tests", section_cuda_tests),
 )
 

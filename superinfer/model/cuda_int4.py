@@ -50,7 +50,7 @@ class CudaInt4Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         shape, dtype = x.shape, x.dtype
-        x = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        x = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()  # the kernel needs it
         y = torch.ops.aten._weight_int4pack_mm(x, self.packed, GROUP, self.scales_zeros)
         if self.bias is not None:
             y = y.add_(self.bias)

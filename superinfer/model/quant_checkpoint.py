@@ -322,7 +322,9 @@ def _cuda_int4_linear(
     return CudaInt4Linear(nibbles, scales, zeros, linear.bias)
 
 
-def _fp8_linear(parts: list, linear: nn.Linear, dtype: torch.dtype) -> Fp8Linear:
+def _fp8_linear(parts: list, linear: nn.Linear, dtype: torch.dtype) -> Fp8Linear | None:
+    if linear.in_features % 16 or linear.out_features % 16:
+        return None  # torch._scaled_mm multiplies in tiles of 16 (CUDA)
     device = linear.weight.device
     weight = torch.cat([p[0] for p in parts]).to(device)
     row_scales = torch.cat([p[1] for p in parts]).to(device)
