@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 from superinfer.model.cuda_int4 import CudaInt4Linear, cuda_int4_available, inner_k_tiles
 from superinfer.model.fp8_linear import FP8, Fp8Linear
-from superinfer.model.quant import Planes, int4_kernel_available, swap_int4_linears
+from superinfer.model.quant import GROUP, Planes, int4_kernel_available, swap_int4_linears
 from superinfer.model.weights import interleave_rope_rows, parameter_part
 
 SUPPORTED = (
@@ -49,7 +49,6 @@ AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # the output each of an int32's eight nibb
 _SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)
 _INT4_KINDS = ("qweight", "qzeros", "scales", "g_idx")
 _FP8_KINDS = ("weight", "weight_scale", "weight_scale_inv", "input_scale")
-_GROUP = 32  # inputs per (scale, zero) pair of the int4 kernels
 
 
 @dataclass(frozen=True)
@@ -213,9 +212,9 @@ def int4_kernel_planes(q: Tensor, z: Tensor, s: Tensor, groups: Tensor) -> Plane
     """(nibbles (N, K), scales and zeros (N, K / 32)) for the int4 kernels, w = (q - 8)
     scale + zero; None unless every run of 32 inputs shares one group."""
     num_inputs = q.shape[0]
-    if num_inputs % _GROUP:
+    if num_inputs % GROUP:
         return None
-    by_block = groups.view(-1, _GROUP)
+    by_block = groups.view(-1, GROUP)
     if not bool((by_block == by_block[:, :1]).all()):
         return None
     block_groups = by_block[:, 0]

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
-from transformers import LlamaConfig
+from transformers import LlamaConfig, PretrainedConfig, Qwen2Config
 
 from tests.model.tiny import TINY, save_tiny
 
@@ -28,6 +28,11 @@ LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_att
 def tiny_quant_config() -> LlamaConfig:
     """Widths that groups of 32, 64 and whole rows all divide."""
     return LlamaConfig(**{**TINY, "intermediate_size": 128}, tie_word_embeddings=False)
+
+
+def tiny_quant_qwen2_config() -> Qwen2Config:
+    """Qwen2 (q/k/v biases, tied embeddings) in the same widths."""
+    return Qwen2Config(**{**TINY, "intermediate_size": 128}, tie_word_embeddings=True)
 
 
 def quantize_groups(
@@ -119,11 +124,17 @@ def fp8_tensors(
 
 
 def save_quantized(
-    directory: Path, method: str, quantization_config: dict, make_layer, seed: int = 3
+    directory: Path,
+    method: str,
+    quantization_config: dict,
+    make_layer,
+    seed: int = 3,
+    config: PretrainedConfig | None = None,
 ) -> tuple[Path, Path]:
     """(quantized checkpoint, plain checkpoint of the weights it stands for) of one tiny
-    Llama; `make_layer(name, w)` returns a linear layer's tensors and its weight."""
-    dense_dir = save_tiny(directory / "dense", tiny_quant_config(), seed)
+    model (`config`, default `tiny_quant_config()`); `make_layer(name, w)` returns a linear
+    layer's tensors and its weight (biases stay as they are)."""
+    dense_dir = save_tiny(directory / "dense", config or tiny_quant_config(), seed)
     tensors = {}
     for shard in sorted(dense_dir.glob("*.safetensors")):
         tensors.update(load_file(shard))

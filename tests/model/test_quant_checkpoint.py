@@ -29,6 +29,7 @@ from tests.model.quant_tiny import (
     pack_columns,
     pack_rows,
     save_quantized,
+    tiny_quant_qwen2_config,
 )
 from tests.model.test_architectures import PROMPTS, _chunked_greedy, _reference
 
@@ -47,10 +48,13 @@ def _int4_config(method: str, group_size: int) -> dict:
 _SAVED: dict[tuple, tuple[Path, Path]] = {}
 
 
-def _saved(tmp_path_factory, key: tuple, config: dict, make_layer) -> tuple[Path, Path]:
+def _saved(
+    tmp_path_factory, key: tuple, config: dict, make_layer, model_config=None
+) -> tuple[Path, Path]:
     if key not in _SAVED:
         directory = tmp_path_factory.mktemp("-".join(map(str, key)))
-        _SAVED[key] = save_quantized(directory, key[0], config, make_layer)
+        _SAVED[key] = save_quantized(directory, key[0], config, make_layer,
+                                     config=model_config)  # fmt: skip
     return _SAVED[key]
 
 
@@ -352,3 +356,22 @@ def test_gptq_zero_biases_the_model_lacks_are_skipped(tmp_path_factory) -> None:
     nonzero, _ = _saved(tmp_path_factory, ("gptq", "bias1"), config, make_layer(0.5))
     with pytest.raises(ValueError, match="unexpected weight .*bias"):
         load_model(str(nonzero), torch.float32, "cpu")
+
+
+def test_awq_qwen2_keeps_its_qkv_biases(tmp_path_factory) -> None:
+    """Qwen2's q/k/v biases (reordered for RoPE with their rows) ride along with the
+    quantized q/k/v: float32 parity with transformers, and the swapped layer computes the
+    dense one's function, bias included."""
+    quantized, reference = _saved(
+        tmp_path_factory, ("awq", "qwen2"), _int4_config("awq", 32),
+        lambda _name, w: int4_tensors(w, "awq", 32), tiny_quant_qwen2_config(),
+    )  # fmt: skip
+    loaded = load_model(str(quantized), torch.float32, "cpu", quantization="none")
+    assert loaded.model.model.layers[0].self_attn.qkv_proj.bias is not None
+    assert _chunked_greedy(PagedRun(loaded.model, num_blocks=64, block_size=4)) == _reference(
+        reference
+    )
+    bf16 = load_model(str(quantized), torch.bfloat16, "cpu")
+    assert bf16.checkpoint.num_quantized_linears == NUM_LAYERS * LINEARS_PER_LAYER
+    dense = load_model(str(quantized), torch.bfloat16, "cpu", quantization="none")
+    _assert_same_layers(bf16.model, dense.model, rel=0.02)
