@@ -45,7 +45,7 @@ register(Architecture(
     name="Qwen2ForCausalLM", family="qwen", model_types=("qwen2",), hf_config=qwen2_config,
     gguf_arch="qwen2", gguf_config=qwen_gguf_config,
     features="q/k/v projection bias; sliding window on the layers `layer_types` names",
-    tested="greedy parity with transformers (tied embeddings)",
+    tested="greedy parity with transformers (tied embeddings); an AWQ checkpoint",
 ))  # fmt: skip
 register(Architecture(
     name="Qwen3ForCausalLM", family="qwen", model_types=("qwen3",), hf_config=qwen3_config,
