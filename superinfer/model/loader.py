@@ -24,7 +24,9 @@ from superinfer.model.quant import int4_kernel_available, quantize_embedding, qu
 from superinfer.model.quant_checkpoint import (
     METHODS,
     QuantizedTensors,
+    QuantScheme,
     quant_scheme,
+    quantized_kernel,
     swap_quantized_linears,
 )
 from superinfer.model.registry import hf_architecture
@@ -261,6 +263,32 @@ def _load_hf_dir(
     with open(os.path.join(path, "config.json")) as f:
         hf_config = json.load(f)
     arch = hf_architecture(hf_config)
+    scheme = _checkpoint_scheme(path, hf_config, quantization)
+    method = "none" if scheme is None else scheme.method
+    config = arch.hf_config(hf_config)
+    config.architecture = arch.name
+    config.name = os.path.basename(os.path.normpath(path))
+    config.eos_token_id = _merge_generation_eos(path, config.eos_token_ids) or None
+    weights = _safetensors_weights(path)
+    runs_quantized, kernel = False, "dequantized (--quantization none)"
+    if scheme is not None and quantization != "none":
+        runs_quantized, kernel = quantized_kernel(scheme, dtype, device, quantization == "fp8")
+    quantized = None if scheme is None else QuantizedTensors(scheme, runs_quantized)
+    if quantized is not None:
+        weights = quantized.dequantize(weights, functools.partial(_has_bias, config))
+    if arch.hf_weights is not None:
+        weights = arch.hf_weights(weights, config)
+    model = build_model(config, weights, dtype, device)
+    num_swapped = 0
+    if runs_quantized:
+        num_swapped = swap_quantized_linears(model, quantized, dtype, AUTO_MAX_INT4_ROWS)
+    info = CheckpointInfo(path, "safetensors", arch.name, method, num_swapped, kernel=kernel)
+    return LoadedModel(model, config, load_tokenizer(path), info)
+
+
+def _checkpoint_scheme(path: str, hf_config: dict, quantization: str) -> QuantScheme | None:
+    """The checkpoint's quantization (None: not quantized), which `--quantization` must
+    fit: auto, none, or the checkpoint's own method."""
     try:
         scheme = quant_scheme(hf_config)
     except ValueError as e:
@@ -270,23 +298,7 @@ def _load_hf_dir(
         raise ValueError(f"--quantization {quantization} does not apply to {path}, a "
                          f"{'non-quantized' if scheme is None else method} checkpoint "
                          "(auto or none)")  # fmt: skip
-    config = arch.hf_config(hf_config)
-    config.architecture = arch.name
-    config.name = os.path.basename(os.path.normpath(path))
-    config.eos_token_id = _merge_generation_eos(path, config.eos_token_ids) or None
-    weights = _safetensors_weights(path)
-    quantized = None if scheme is None else QuantizedTensors(scheme)
-    if quantized is not None:
-        weights = quantized.dequantize(weights, functools.partial(_has_bias, config))
-    if arch.hf_weights is not None:
-        weights = arch.hf_weights(weights, config)
-    model = build_model(config, weights, dtype, device)
-    num_swapped, kernel = 0, "dequantized (--quantization none)"
-    if quantized is not None and quantization != "none":
-        num_swapped, kernel = swap_quantized_linears(model, quantized, dtype, device,
-                                                     AUTO_MAX_INT4_ROWS, quantization == "fp8")  # fmt: skip
-    info = CheckpointInfo(path, "safetensors", arch.name, method, num_swapped, kernel=kernel)
-    return LoadedModel(model, config, load_tokenizer(path), info)
+    return scheme
 
 
 def _has_bias(config: ModelConfig, module: str) -> bool:

@@ -3,9 +3,9 @@
 Loading takes two passes over the layers a checkpoint quantizes. `QuantizedTensors` first
 stands between the checkpoint and `load_hf_weights`: it keeps each such layer's tensors and
 hands the model that layer's dequantized weight (float32, exact), so the model builds as
-from an unquantized checkpoint and `--quantization none` is just that. Then
-`swap_quantized_linears` replaces those layers by ones that run on the quantized values,
-where a kernel here runs them.
+from an unquantized checkpoint and `--quantization none` is just that. Then, where
+`quantized_kernel` finds a kernel here for them, `swap_quantized_linears` replaces those
+layers by ones that run on the quantized values (otherwise no quantized copy is kept).
 
 **4-bit (AWQ with GEMM packing, GPTQ v1 and v2).** Each layer holds 4-bit values q and, per
 group of `group_size` inputs, a scale s and an integer zero z: w = (q - z) s.
@@ -110,6 +110,7 @@ class QuantizedTensors:
     (None when its groups do not fit them), or (FP8 weight, per-row scales, input scale)."""
 
     scheme: QuantScheme
+    keeps_quantized: bool = True  # False: only dequantize (nothing will run them quantized)
     planes: dict[str, Planes | None] = field(default_factory=dict)
     fp8: dict[str, tuple[Tensor, Tensor, Tensor | None] | None] = field(default_factory=dict)
 
@@ -148,7 +149,8 @@ class QuantizedTensors:
             raise ValueError(f"quantized layer {module!r} lacks qweight or scales "
                              f"(has {sorted(parts)})")  # fmt: skip
         q, z, s, groups = unpack_int4(self.scheme, parts)
-        self.planes[module] = int4_kernel_planes(q, z, s, groups)
+        if self.keeps_quantized:
+            self.planes[module] = int4_kernel_planes(q, z, s, groups)
         return dequantize_int4(q, z, s, groups)
 
     def _take_fp8(self, module: str, parts: dict[str, Tensor]) -> Tensor:
@@ -159,10 +161,11 @@ class QuantizedTensors:
                              f"(has {sorted(parts)})")  # fmt: skip
         num_rows = weight.shape[0]
         if self.scheme.block_size is not None or scale.dim() == 2 and scale.shape[1] > 1:
-            self.fp8[module] = None  # block scales: _scaled_mm takes rows and columns only
+            # block scales stay dequantized: _scaled_mm takes rows and columns only
             return _dequantize_blocks(weight, scale.float())
         row_scales = scale.float().reshape(-1).expand(num_rows).contiguous()
-        self.fp8[module] = (weight, row_scales, parts.get("input_scale"))
+        if self.keeps_quantized:
+            self.fp8[module] = (weight, row_scales, parts.get("input_scale"))
         return weight.float() * row_scales.unsqueeze(1)
 
 
@@ -232,36 +235,42 @@ def _dequantize_blocks(weight: Tensor, scale_inv: Tensor) -> Tensor:
     return weight.float() * scales.repeat_interleave(block_cols, 1)[:, :num_cols]
 
 
-def swap_quantized_linears(
-    model: nn.Module,
-    tensors: QuantizedTensors,
-    dtype: torch.dtype,
-    device: torch.device,
-    max_int4_rows: int,
-    is_fp8_forced: bool = False,
-) -> tuple[int, str]:
-    """Replace the model's quantized linear layers (q/k/v and gate/up fused as the model
-    holds them) by layers that run on their quantized values where a kernel here does;
-    returns (layers swapped, what runs them), or (0, why not). FP8 runs on a CPU only
-    when `is_fp8_forced` (`--quantization fp8`)."""
-    fused = _fused_parts(tensors.planes if tensors.scheme.method != "fp8" else tensors.fp8)
-    if tensors.scheme.method == "fp8":
+def quantized_kernel(
+    scheme: QuantScheme, dtype: torch.dtype, device: torch.device, is_fp8_forced: bool = False
+) -> tuple[bool, str]:
+    """Whether a checkpoint's quantized layers run quantized here, and what runs them (or
+    why they stay dequantized). FP8 runs on a CPU only when `is_fp8_forced`
+    (`--quantization fp8`)."""
+    if scheme.method == "fp8":
         if device.type != "cuda" and not is_fp8_forced:
-            return 0, ("FP8 dequantized on the CPU, where torch._scaled_mm is slow "
-                       "(--quantization fp8 runs it)")  # fmt: skip
+            return False, ("FP8 dequantized on the CPU, where torch._scaled_mm is slow "
+                           "(--quantization fp8 runs it)")  # fmt: skip
         if device.type == "cuda" and dtype != torch.bfloat16:
-            return 0, f"FP8 row-wise scaling computes into bfloat16, not {dtype}"
-        make = functools.partial(_fp8_linear, dtype=dtype)
-        return _swap(model, fused, make, model.config.head_dim), "torch._scaled_mm"
+            return False, f"FP8 row-wise scaling computes into bfloat16, not {dtype}"
+        return True, "torch._scaled_mm"
     if dtype != torch.bfloat16:
-        return 0, f"the int4 kernels compute in bfloat16, not {dtype}"
+        return False, f"the int4 kernels compute in bfloat16, not {dtype}"
     if device.type == "cpu" and int4_kernel_available():
-        swapped = swap_int4_linears(model, fused, False, max_int4_rows)
-        return len(swapped), "int4 kernels (CPU)"
+        return True, "int4 kernels (CPU)"
     if device.type == "cuda" and cuda_int4_available():
-        make = functools.partial(_cuda_int4_linear, device=device)
-        return _swap(model, fused, make, model.config.head_dim), "int4 kernel (tinygemm)"
-    return 0, f"no int4 kernel for {device}"
+        return True, "int4 kernel (tinygemm)"
+    return False, f"no int4 kernel for {device}"
+
+
+def swap_quantized_linears(
+    model: nn.Module, tensors: QuantizedTensors, dtype: torch.dtype, max_int4_rows: int
+) -> int:
+    """Replace the model's quantized linear layers (q/k/v and gate/up fused as the model
+    holds them) by layers that run on their quantized values, where `quantized_kernel`
+    said they run; returns how many were swapped."""
+    device, head_dim = model.model.norm.weight.device, model.config.head_dim
+    if tensors.scheme.method == "fp8":
+        make = functools.partial(_fp8_linear, dtype=dtype)
+        return _swap(model, _fused_parts(tensors.fp8), make, head_dim)
+    fused = _fused_parts(tensors.planes)
+    if device.type == "cpu":
+        return len(swap_int4_linears(model, fused, False, max_int4_rows))
+    return _swap(model, fused, functools.partial(_cuda_int4_linear, device=device), head_dim)
 
 
 def _fused_parts(layers: dict[str, object]) -> dict[str, list]:

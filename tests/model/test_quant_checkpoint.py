@@ -16,9 +16,11 @@ from superinfer.model.fp8_linear import Fp8Linear, quantize_rows
 from superinfer.model.loader import load_model
 from superinfer.model.quant import Int4Linear
 from superinfer.model.quant_checkpoint import (
+    QuantizedTensors,
     QuantScheme,
     int4_kernel_planes,
     quant_scheme,
+    quantized_kernel,
     unpack_int4,
 )
 from tests.model.paged import PagedRun
@@ -375,3 +377,19 @@ def test_awq_qwen2_keeps_its_qkv_biases(tmp_path_factory) -> None:
     assert bf16.checkpoint.num_quantized_linears == NUM_LAYERS * LINEARS_PER_LAYER
     dense = load_model(str(quantized), torch.bfloat16, "cpu", quantization="none")
     _assert_same_layers(bf16.model, dense.model, rel=0.02)
+
+
+def test_what_will_not_run_quantized_is_not_kept() -> None:
+    """A load that dequantizes (a float32 model, FP8 on a CPU) keeps no quantized copy."""
+    torch.manual_seed(5)
+    w = torch.randn(64, 64) * 0.1
+    tensors, reference = int4_tensors(w, "awq", 32)
+    named = [(f"layer.{k}", v) for k, v in tensors.items()]
+    for keeps in (True, False):
+        kept = QuantizedTensors(QuantScheme("awq", 32), keeps_quantized=keeps)
+        ((name, weight),) = kept.dequantize(named)
+        torch.testing.assert_close(weight, reference)
+        assert (name, len(kept.planes)) == ("layer.weight", int(keeps))
+    assert quantized_kernel(QuantScheme("fp8"), torch.bfloat16, torch.device("cpu"))[0] is False
+    assert quantized_kernel(QuantScheme("fp8"), torch.bfloat16, torch.device("cpu"), True)[0]
+    assert quantized_kernel(QuantScheme("awq", 32), torch.float32, torch.device("cpu"))[0] is False
