@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFWriter
+from gguf import GGMLQuantizationType, GGUFWriter, RopeScalingType
 from gguf.quants import quantize
 
 from superinfer.model.weights import interleave_rope_rows
@@ -20,6 +20,14 @@ _NAMES = {
     "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
 }  # fmt: skip
 _TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+# llama.cpp's gemma3 names for the sandwich norms (its `ffn_norm` is the pre-MLP norm), and
+# its converter's shift of every Gemma norm weight (it stores 1 + weight)
+_ARCH_NAMES = {
+    "gemma3": {"post_attention_layernorm": "post_attention_norm",
+               "pre_feedforward_layernorm": "ffn_norm",
+               "post_feedforward_layernorm": "post_ffw_norm"},
+}  # fmt: skip
+_NORM_SHIFT = {"gemma3": 1.0}
 
 
 Q4_K = GGMLQuantizationType.Q4_K
@@ -54,12 +62,31 @@ def quantize_q4_k(data: np.ndarray) -> np.ndarray:
     return blocks.reshape(num_rows, -1)
 
 
-def gguf_name(hf_name: str) -> str:
+def tiny_gemma3_gguf_config(vocab_size: int = 128):
+    """A tiny Gemma 3 as llama.cpp's gemma3 can hold it: five local layers then a global
+    one, a query scale of 1/sqrt(head_dim), local RoPE base 10,000; the global layers'
+    RoPE with linear scaling; a window (8) shorter than the test sequences."""
+    from transformers import Gemma3TextConfig
+
+    from tests.model.tiny import TINY
+
+    return Gemma3TextConfig(
+        **{**TINY, "vocab_size": vocab_size, "num_hidden_layers": 6, "head_dim": 16},
+        sliding_window=8, layer_types=["sliding_attention"] * 5 + ["full_attention"],
+        query_pre_attn_scalar=16,
+        rope_parameters={
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        },
+    )  # fmt: skip
+
+
+def gguf_name(hf_name: str, arch: str = "llama") -> str:
     stem, _, kind = hf_name.rpartition(".")
     if stem in _TOP:
         return f"{_TOP[stem]}.{kind}"
     _, _, layer, part = stem.split(".", 3)
-    return f"blk.{layer}.{_NAMES[part]}.{kind}"
+    return f"blk.{layer}.{({**_NAMES, **_ARCH_NAMES.get(arch, {})})[part]}.{kind}"
 
 
 def write_gguf(
@@ -83,7 +110,13 @@ def write_gguf(
     writer.add_key_length(c.head_dim)
     writer.add_value_length(c.head_dim)
     writer.add_context_length(c.max_position_embeddings)
-    writer.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    rope = c.rope_parameters.get("full_attention", c.rope_parameters)  # per layer type: Gemma 3
+    writer.add_rope_freq_base(rope["rope_theta"])
+    if rope.get("rope_type") == "linear":
+        writer.add_rope_scaling_type(RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(rope["factor"])
+    if getattr(c, "sliding_window", None) and arch == "gemma3":
+        writer.add_sliding_window(c.sliding_window)
     writer.add_layer_norm_rms_eps(c.rms_norm_eps)
     writer.add_vocab_size(c.vocab_size)
     for name, tensor in model.state_dict().items():
@@ -92,11 +125,13 @@ def write_gguf(
         data = tensor.float().numpy()
         if arch == "llama" and ("q_proj" in name or "k_proj" in name):
             data = interleave_rope_rows(tensor.float(), c.head_dim).numpy()
+        if name.endswith("norm.weight"):
+            data = data + _NORM_SHIFT.get(arch, 0.0)
         if data.ndim == 2:
             blocks = quantize_q4_k(data) if qtype == Q4_K else quantize(data, qtype)
-            writer.add_tensor(gguf_name(name), blocks, raw_dtype=qtype)
+            writer.add_tensor(gguf_name(name, arch), blocks, raw_dtype=qtype)
         else:
-            writer.add_tensor(gguf_name(name), np.ascontiguousarray(data))
+            writer.add_tensor(gguf_name(name, arch), np.ascontiguousarray(data))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

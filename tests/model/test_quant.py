@@ -21,7 +21,7 @@ from superinfer.model.quant import (
     int4_kernel_available,
     int4_planes,
 )
-from tests.model.gguf_tiny import quantize_q4_k, write_gguf
+from tests.model.gguf_tiny import quantize_q4_k, tiny_gemma3_gguf_config, write_gguf
 from tests.model.paged import PagedRun
 from tests.model.tiny import PROMPT, TINY, save_tiny, tiny_configs
 
@@ -32,9 +32,10 @@ needs_kernel = pytest.mark.skipif(not int4_kernel_available(), reason="no int4 C
 
 @pytest.fixture(scope="module")
 def hf_models(tmp_path_factory) -> dict:
-    configs = {**tiny_configs(), "llama": LlamaConfig(**TINY)}  # plain RoPE in a GGUF
+    configs = {**tiny_configs(), "llama": LlamaConfig(**TINY),  # plain RoPE in a GGUF
+               "gemma3": tiny_gemma3_gguf_config()}  # fmt: skip
     out = {}
-    for name in ("llama", "qwen3"):
+    for name in ("llama", "qwen3", "gemma3"):
         directory = save_tiny(tmp_path_factory.mktemp(name), configs[name], seed=5)
         out[name] = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
     return out
@@ -65,7 +66,7 @@ def test_int4_planes_reproduce_the_dequantized_blocks(qtype, tmp_path) -> None:
     assert (got - expected).abs().max() < 2e-2 * expected.abs().max()  # bfloat16 compute
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
 def test_gguf_round_trip_matches_transformers(arch, hf_models, tmp_path) -> None:
     hf = hf_models[arch]
     path = write_gguf(hf, tmp_path / f"{arch}.gguf", arch, GGMLQuantizationType.F32)
@@ -88,14 +89,14 @@ def test_gguf_round_trip_matches_transformers(arch, hf_models, tmp_path) -> None
 
 @needs_kernel
 @pytest.mark.parametrize("qtype", QTYPES, ids=lambda q: q.name)
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
 def test_quantized_execution_agrees_with_the_dequantized_file(
     arch, qtype, hf_models, tmp_path
 ) -> None:
     path = write_gguf(hf_models[arch], tmp_path / "q.gguf", arch, qtype)
     dense, _ = load_gguf_model(str(path), torch.bfloat16, CPU, "none")
     quantized, info = load_gguf_model(str(path), torch.bfloat16, CPU, "gguf")
-    num_linears = 4 * TINY["num_hidden_layers"] + 1  # qkv, o, gate_up, down; lm_head
+    num_linears = 4 * hf_models[arch].config.num_hidden_layers + 1  # + lm_head
     assert info.num_quantized_linears == num_linears
     assert sum(isinstance(m, Int4Linear) for m in quantized.modules()) == num_linears
     runs = [PagedRun(m, 16, 4) for m in (dense, quantized)]

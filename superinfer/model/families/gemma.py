@@ -6,10 +6,10 @@ RoPE base."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from superinfer.model.config import FULL, SLIDING, ModelConfig, hf_common, hf_rope
+from superinfer.model.config import FULL, SLIDING, ModelConfig, gguf_common, hf_common, hf_rope
 from superinfer.model.registry import Architecture, register
 
 
@@ -61,6 +61,43 @@ def gemma3_config(cfg: Mapping[str, Any]) -> ModelConfig:
     return config
 
 
+# llama.cpp's names for Gemma 2/3's layer tensors (its `ffn_norm` is the pre-MLP norm)
+GEMMA3_GGUF_NAMES = {
+    "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}  # fmt: skip
+GEMMA3_GGUF_SWA_PATTERN = 6  # llama.cpp: five local layers, then a global one
+GEMMA3_GGUF_LOCAL_ROPE_THETA = 10000.0  # llama.cpp's constant for the local layers
+GEMMA3_27B_LAYERS = 62
+
+
+def gemma3_gguf_config(
+    metadata: Mapping[str, Any], names: Collection[str], factors: Sequence[float] | None
+) -> ModelConfig:
+    """A llama.cpp `gemma3` file, with llama.cpp's conventions: its converter stores every
+    norm weight as 1 + weight (so no offset here); the local layers' pattern and RoPE base
+    are its constants; the query scale is 1/sqrt(head_dim), or 1/sqrt(hidden / heads) for
+    the 27B model (62 layers), as llama.cpp sets it (the file does not state it)."""
+    fields = gguf_common(metadata, names, factors)
+    pattern = int(metadata.get("gemma3.attention.sliding_window_pattern", GEMMA3_GGUF_SWA_PATTERN))
+    num_layers, hidden = fields["num_layers"], fields["hidden_size"]
+    query_dim = (
+        hidden // fields["num_heads"] if num_layers == GEMMA3_27B_LAYERS else fields["head_dim"]
+    )
+    return ModelConfig(
+        **fields,
+        architecture="Gemma3ForCausalLM",
+        hidden_act="gelu_tanh",
+        embedding_scale=hidden**0.5,
+        sandwich_norm=True,
+        qk_norm=True,
+        attention_scale=query_dim**-0.5,
+        layer_types=[FULL if (i + 1) % pattern == 0 else SLIDING for i in range(num_layers)],
+        local_rope_theta=GEMMA3_GGUF_LOCAL_ROPE_THETA,
+    )
+
+
 register(Architecture(
     name="GemmaForCausalLM", family="gemma", model_types=("gemma",), hf_config=gemma_config,
     features="norms scale by 1 + weight; embedding scaled by sqrt(hidden); GELU (tanh)",
@@ -76,7 +113,9 @@ register(Architecture(
 register(Architecture(
     name="Gemma3ForCausalLM", family="gemma", model_types=("gemma3_text",),
     hf_config=gemma3_config,
+    gguf_arch="gemma3", gguf_config=gemma3_gguf_config, gguf_tensor_names=GEMMA3_GGUF_NAMES,
     features="Gemma 2's layers without soft-capping, with q/k norms; local layers have "
              "their own RoPE base (text only)",
-    tested="greedy parity with transformers, window shorter than the sequences",
+    tested="greedy parity with transformers, window shorter than the sequences; GGUF "
+    "round trip (llama.cpp's layout, checked against llama.cpp)",
 ))  # fmt: skip
