@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from model_speed import add_tokenizer
 
 from superinfer.model.loader import load_model
-from tests.model.gguf_tiny import tiny_gemma3_gguf_config, write_gguf
+from tests.model.gguf_tiny import tiny_gemma2_gguf_config, tiny_gemma3_gguf_config, write_gguf
 from tests.model.paged import PagedRun
 from tests.model.tiny import TINY
 
@@ -60,8 +60,9 @@ print("TOKENS " + json.dumps(out))
 
 def tiny_config(arch: str):
     small = {**TINY, "vocab_size": VOCAB_SIZE, "bos_token_id": 1, "eos_token_id": 2}
-    if arch == "gemma3":
-        config = tiny_gemma3_gguf_config(VOCAB_SIZE)
+    if arch in ("gemma2", "gemma3"):
+        make = tiny_gemma2_gguf_config if arch == "gemma2" else tiny_gemma3_gguf_config
+        config = make(VOCAB_SIZE)
         config.bos_token_id, config.eos_token_id = 1, 2
         return config
     if arch == "qwen3":
@@ -81,7 +82,7 @@ def llama_cpp_tokens(python: str, path: Path, num_tokens: int) -> list[list[int]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--arch", default="gemma3", choices=("gemma3", "llama", "qwen3"))
+    parser.add_argument("--arch", default="gemma3", choices=("gemma2", "gemma3", "llama", "qwen3"))
     parser.add_argument("--new-tokens", type=int, default=24)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--llama-python", default="/work/llama-venv/bin/python")

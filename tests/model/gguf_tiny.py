@@ -22,12 +22,11 @@ _NAMES = {
 _TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 # llama.cpp's gemma3 names for the sandwich norms (its `ffn_norm` is the pre-MLP norm), and
 # its converter's shift of every Gemma norm weight (it stores 1 + weight)
-_ARCH_NAMES = {
-    "gemma3": {"post_attention_layernorm": "post_attention_norm",
-               "pre_feedforward_layernorm": "ffn_norm",
-               "post_feedforward_layernorm": "post_ffw_norm"},
-}  # fmt: skip
-_NORM_SHIFT = {"gemma3": 1.0}
+_GEMMA_NAMES = {"post_attention_layernorm": "post_attention_norm",
+                "pre_feedforward_layernorm": "ffn_norm",
+                "post_feedforward_layernorm": "post_ffw_norm"}  # fmt: skip
+_ARCH_NAMES = {"gemma2": _GEMMA_NAMES, "gemma3": _GEMMA_NAMES}
+_NORM_SHIFT = {"gemma2": 1.0, "gemma3": 1.0}
 
 
 Q4_K = GGMLQuantizationType.Q4_K
@@ -81,6 +80,20 @@ def tiny_gemma3_gguf_config(vocab_size: int = 128):
     )  # fmt: skip
 
 
+def tiny_gemma2_gguf_config(vocab_size: int = 128):
+    """A tiny Gemma 2 as llama.cpp's gemma2 can hold it: local and global layers in turn,
+    a query scale of 1/sqrt(head_dim); soft-capped attention and final logits."""
+    from transformers import Gemma2Config
+
+    from tests.model.tiny import TINY
+
+    return Gemma2Config(
+        **{**TINY, "vocab_size": vocab_size, "num_hidden_layers": 4, "head_dim": 16},
+        sliding_window=8, layer_types=["sliding_attention", "full_attention"] * 2,
+        query_pre_attn_scalar=16, attn_logit_softcapping=3.0, final_logit_softcapping=4.0,
+    )  # fmt: skip
+
+
 def gguf_name(hf_name: str, arch: str = "llama") -> str:
     stem, _, kind = hf_name.rpartition(".")
     if stem in _TOP:
@@ -115,8 +128,12 @@ def write_gguf(
     if rope.get("rope_type") == "linear":
         writer.add_rope_scaling_type(RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(rope["factor"])
-    if getattr(c, "sliding_window", None) and arch == "gemma3":
+    if getattr(c, "sliding_window", None) and arch in ("gemma2", "gemma3"):
         writer.add_sliding_window(c.sliding_window)
+    if getattr(c, "attn_logit_softcapping", None):
+        writer.add_attn_logit_softcapping(c.attn_logit_softcapping)
+    if getattr(c, "final_logit_softcapping", None):
+        writer.add_final_logit_softcapping(c.final_logit_softcapping)
     writer.add_layer_norm_rms_eps(c.rms_norm_eps)
     writer.add_vocab_size(c.vocab_size)
     for name, tensor in model.state_dict().items():

@@ -21,7 +21,12 @@ from superinfer.model.quant import (
     int4_kernel_available,
     int4_planes,
 )
-from tests.model.gguf_tiny import quantize_q4_k, tiny_gemma3_gguf_config, write_gguf
+from tests.model.gguf_tiny import (
+    quantize_q4_k,
+    tiny_gemma2_gguf_config,
+    tiny_gemma3_gguf_config,
+    write_gguf,
+)
 from tests.model.paged import PagedRun
 from tests.model.tiny import PROMPT, TINY, save_tiny, tiny_configs
 
@@ -33,9 +38,9 @@ needs_kernel = pytest.mark.skipif(not int4_kernel_available(), reason="no int4 C
 @pytest.fixture(scope="module")
 def hf_models(tmp_path_factory) -> dict:
     configs = {**tiny_configs(), "llama": LlamaConfig(**TINY),  # plain RoPE in a GGUF
-               "gemma3": tiny_gemma3_gguf_config()}  # fmt: skip
+               "gemma2": tiny_gemma2_gguf_config(), "gemma3": tiny_gemma3_gguf_config()}  # fmt: skip
     out = {}
-    for name in ("llama", "qwen3", "gemma3"):
+    for name in ("llama", "qwen3", "gemma2", "gemma3"):
         directory = save_tiny(tmp_path_factory.mktemp(name), configs[name], seed=5)
         out[name] = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
     return out
@@ -66,7 +71,7 @@ def test_int4_planes_reproduce_the_dequantized_blocks(qtype, tmp_path) -> None:
     assert (got - expected).abs().max() < 2e-2 * expected.abs().max()  # bfloat16 compute
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma2", "gemma3"])
 def test_gguf_round_trip_matches_transformers(arch, hf_models, tmp_path) -> None:
     hf = hf_models[arch]
     path = write_gguf(hf, tmp_path / f"{arch}.gguf", arch, GGMLQuantizationType.F32)
@@ -74,13 +79,10 @@ def test_gguf_round_trip_matches_transformers(arch, hf_models, tmp_path) -> None
     assert info.architecture == arch and info.num_quantized_linears == 0
     with torch.inference_mode():
         expected = hf(torch.tensor([PROMPT])).logits[0]
-        tokens = hf.generate(
-            torch.tensor([PROMPT]),
-            max_new_tokens=16,
-            min_new_tokens=16,
-            do_sample=False,
-            pad_token_id=0,
-        )[0, len(PROMPT) :].tolist()
+        ids = list(PROMPT)  # plain argmax, as PagedRun.greedy (no end-of-sequence rule)
+        for _ in range(16):
+            ids.append(int(hf(torch.tensor([ids])).logits[0, -1].argmax()))
+        tokens = ids[len(PROMPT) :]
     run = PagedRun(model, 16, 4)
     logits = run.step([(run.add(PROMPT), len(PROMPT))], all_logits=True)
     torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
@@ -89,7 +91,7 @@ def test_gguf_round_trip_matches_transformers(arch, hf_models, tmp_path) -> None
 
 @needs_kernel
 @pytest.mark.parametrize("qtype", QTYPES, ids=lambda q: q.name)
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma2", "gemma3"])
 def test_quantized_execution_agrees_with_the_dequantized_file(
     arch, qtype, hf_models, tmp_path
 ) -> None:

@@ -62,39 +62,45 @@ def gemma3_config(cfg: Mapping[str, Any]) -> ModelConfig:
 
 
 # llama.cpp's names for Gemma 2/3's layer tensors (its `ffn_norm` is the pre-MLP norm)
-GEMMA3_GGUF_NAMES = {
+GEMMA_GGUF_NAMES = {
     "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
     "post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
 }  # fmt: skip
-GEMMA3_GGUF_SWA_PATTERN = 6  # llama.cpp: five local layers, then a global one
-GEMMA3_GGUF_LOCAL_ROPE_THETA = 10000.0  # llama.cpp's constant for the local layers
-GEMMA3_27B_LAYERS = 62
+# llama.cpp's constants, which the files do not state: Gemma 2 alternates local and global
+# layers, Gemma 3 has five local layers then a global one, whose RoPE base is 10,000
+GGUF_SWA_PATTERN = {"gemma2": 2, "gemma3": 6}
+GEMMA3_GGUF_LOCAL_ROPE_THETA = 10000.0
+GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 
 
-def gemma3_gguf_config(
+def gemma_gguf_config(
     metadata: Mapping[str, Any], names: Collection[str], factors: Sequence[float] | None
 ) -> ModelConfig:
-    """A llama.cpp `gemma3` file, with llama.cpp's conventions: its converter stores every
-    norm weight as 1 + weight (so no offset here); the local layers' pattern and RoPE base
-    are its constants; the query scale is 1/sqrt(head_dim), or 1/sqrt(hidden / heads) for
-    the 27B model (62 layers), as llama.cpp sets it (the file does not state it)."""
+    """A llama.cpp `gemma2` or `gemma3` file, with llama.cpp's conventions: its converter
+    stores every norm weight as 1 + weight (so no offset here); the local layers' pattern
+    (and Gemma 3's local RoPE base) are its constants; the query scale is 1/sqrt(head_dim),
+    or 1/sqrt(hidden / heads) for the 27B models, as llama.cpp sets it (the file does not
+    state it). Gemma 2 soft-caps as the file says."""
     fields = gguf_common(metadata, names, factors)
-    pattern = int(metadata.get("gemma3.attention.sliding_window_pattern", GEMMA3_GGUF_SWA_PATTERN))
+    arch = metadata["general.architecture"]
+    pattern = int(metadata.get(f"{arch}.attention.sliding_window_pattern", GGUF_SWA_PATTERN[arch]))
     num_layers, hidden = fields["num_layers"], fields["hidden_size"]
-    query_dim = (
-        hidden // fields["num_heads"] if num_layers == GEMMA3_27B_LAYERS else fields["head_dim"]
-    )
+    is_27b = num_layers == GEMMA_27B_LAYERS[arch]
+    query_dim = hidden // fields["num_heads"] if is_27b else fields["head_dim"]
+    is_gemma3 = arch == "gemma3"
     return ModelConfig(
         **fields,
-        architecture="Gemma3ForCausalLM",
+        architecture="Gemma3ForCausalLM" if is_gemma3 else "Gemma2ForCausalLM",
         hidden_act="gelu_tanh",
         embedding_scale=hidden**0.5,
         sandwich_norm=True,
-        qk_norm=True,
+        qk_norm=is_gemma3,
         attention_scale=query_dim**-0.5,
+        attn_logit_softcap=metadata.get(f"{arch}.attn_logit_softcapping"),
+        final_logit_softcap=metadata.get(f"{arch}.final_logit_softcapping"),
         layer_types=[FULL if (i + 1) % pattern == 0 else SLIDING for i in range(num_layers)],
-        local_rope_theta=GEMMA3_GGUF_LOCAL_ROPE_THETA,
+        local_rope_theta=GEMMA3_GGUF_LOCAL_ROPE_THETA if is_gemma3 else None,
     )
 
 
@@ -106,14 +112,16 @@ register(Architecture(
 register(Architecture(
     name="Gemma2ForCausalLM", family="gemma", model_types=("gemma2",),
     hf_config=gemma2_config,
+    gguf_arch="gemma2", gguf_config=gemma_gguf_config, gguf_tensor_names=GEMMA_GGUF_NAMES,
     features="Gemma's norms, plus norms after attention and MLP; sliding/global layers; "
              "attention and final logit soft-capping; query scale query_pre_attn_scalar",
-    tested="greedy parity with transformers, window shorter than the sequences",
+    tested="greedy parity with transformers, window shorter than the sequences; GGUF "
+    "round trip (llama.cpp's layout, checked against llama.cpp)",
 ))  # fmt: skip
 register(Architecture(
     name="Gemma3ForCausalLM", family="gemma", model_types=("gemma3_text",),
     hf_config=gemma3_config,
-    gguf_arch="gemma3", gguf_config=gemma3_gguf_config, gguf_tensor_names=GEMMA3_GGUF_NAMES,
+    gguf_arch="gemma3", gguf_config=gemma_gguf_config, gguf_tensor_names=GEMMA_GGUF_NAMES,
     features="Gemma 2's layers without soft-capping, with q/k norms; local layers have "
              "their own RoPE base (text only)",
     tested="greedy parity with transformers, window shorter than the sequences; GGUF "
