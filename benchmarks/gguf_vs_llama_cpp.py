@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 from gguf import GGMLQuantizationType
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+from transformers import AutoModelForCausalLM, LlamaConfig, Phi3Config, Qwen3Config
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -67,6 +67,8 @@ def tiny_config(arch: str):
         return config
     if arch == "qwen3":
         return Qwen3Config(**small, head_dim=16, tie_word_embeddings=True)
+    if arch == "phi3":
+        return Phi3Config(**small, pad_token_id=0)
     return LlamaConfig(**small)
 
 
@@ -82,7 +84,7 @@ def llama_cpp_tokens(python: str, path: Path, num_tokens: int) -> list[list[int]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--arch", default="gemma3", choices=("gemma2", "gemma3", "llama", "qwen3"))
+    parser.add_argument("--arch", default="gemma3", choices=("gemma2", "gemma3", "llama", "phi3", "qwen3"))
     parser.add_argument("--new-tokens", type=int, default=24)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--llama-python", default="/work/llama-venv/bin/python")

@@ -211,7 +211,10 @@ def load_gguf_model(
     """The model of a GGUF file (without its tokenizer), quantized as `load_model` says."""
     checkpoint = GGUFCheckpoint(path)
     config = checkpoint.config()
-    model = build_model(config, checkpoint.weights(), dtype, device, checkpoint.interleaved_qk)
+    weights = checkpoint.weights()
+    if checkpoint.arch.hf_weights is not None:  # e.g. Phi-3's fused projections, split
+        weights = checkpoint.arch.hf_weights(weights, config)
+    model = build_model(config, weights, dtype, device, checkpoint.interleaved_qk)
     swapped, is_embedding_quantized = [], False
     if _quantizes(quantization, dtype, device):
         # gguf-w4a8: every step on 8-bit activations, faster than the int4 kernel from one

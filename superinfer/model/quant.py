@@ -35,6 +35,7 @@ from gguf import GGMLQuantizationType, ReaderTensor
 from gguf.quants import Q4_K
 from torch import Tensor, nn
 
+from superinfer.model.config import ModelConfig
 from superinfer.model.cpu_gemv import MAX_ROWS as GEMV_MAX_ROWS
 from superinfer.model.cpu_gemv import GemvKernel, Q8Weights, gemv_kernel
 from superinfer.model.cpu_q4 import Q4Weights, q4_kernel
@@ -247,6 +248,10 @@ _LAYER_SOURCES = {
     "mlp.gate_up_proj": ("ffn_gate", "ffn_up"),
     "mlp.down_proj": ("ffn_down",),
 }
+# files whose projections llama.cpp keeps fused (Phi-3): q/k/v in one tensor, gate and up
+# in `ffn_up`
+_FUSED_LAYER_SOURCES = {**_LAYER_SOURCES, "self_attn.qkv_proj": ("attn_qkv",),
+                        "mlp.gate_up_proj": ("ffn_up",)}  # fmt: skip
 
 
 def quantize_linears(
@@ -261,16 +266,32 @@ def quantize_linears(
     Call it after the weights are loaded (biases and tied embeddings are taken from the
     model)."""
     config = model.config
+    is_fused = "blk.0.attn_qkv.weight" in tensors
     sources = {"lm_head": ("output" if "output.weight" in tensors else "token_embd",)}
     for i in range(config.num_layers):
-        for module, parts in _LAYER_SOURCES.items():
+        for module, parts in (_FUSED_LAYER_SOURCES if is_fused else _LAYER_SOURCES).items():
             sources[f"model.layers.{i}.{module}"] = tuple(f"blk.{i}.{p}" for p in parts)
     planes = {}
     for name, parts in sources.items():
         found = [tensors.get(f"{p}.weight") for p in parts]
         if all(t is not None and t.tensor_type in QUANT_TYPES for t in found):
             planes[name] = [int4_planes(t) for t in found]
+            if is_fused and len(found) == 1 and name.endswith(("qkv_proj", "gate_up_proj")):
+                planes[name] = _split_rows(planes[name][0], _part_rows(config, name))
     return swap_int4_linears(model, planes, interleaved_qk, max_int4_rows, is_w4a8)
+
+
+def _part_rows(config: ModelConfig, name: str) -> list[int]:
+    """The rows of each part of a fused projection: q, k, v or gate, up."""
+    if name.endswith("qkv_proj"):
+        kv_rows = config.num_kv_heads * config.head_dim
+        return [config.num_heads * config.head_dim, kv_rows, kv_rows]
+    return [config.intermediate_size] * 2
+
+
+def _split_rows(planes: Planes, sizes: list[int]) -> list[Planes]:
+    """One fused tensor's planes as its parts' (so q/k rows can be reordered for RoPE)."""
+    return [tuple(parts) for parts in zip(*(p.split(sizes) for p in planes))]
 
 
 Planes = tuple[Tensor, Tensor, Tensor]  # nibbles (N, K'), scales and zeros (N, K' / 32)

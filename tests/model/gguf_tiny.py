@@ -25,7 +25,8 @@ _TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_hea
 _GEMMA_NAMES = {"post_attention_layernorm": "post_attention_norm",
                 "pre_feedforward_layernorm": "ffn_norm",
                 "post_feedforward_layernorm": "post_ffw_norm"}  # fmt: skip
-_ARCH_NAMES = {"gemma2": _GEMMA_NAMES, "gemma3": _GEMMA_NAMES}
+_ARCH_NAMES = {"gemma2": _GEMMA_NAMES, "gemma3": _GEMMA_NAMES,
+               "phi3": {"self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}}  # fmt: skip
 _NORM_SHIFT = {"gemma2": 1.0, "gemma3": 1.0}
 
 
@@ -120,8 +121,9 @@ def write_gguf(
     writer.add_feed_forward_length(c.intermediate_size)
     writer.add_head_count(c.num_attention_heads)
     writer.add_head_count_kv(c.num_key_value_heads)
-    writer.add_key_length(c.head_dim)
-    writer.add_value_length(c.head_dim)
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads  # Phi-3
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
     writer.add_context_length(c.max_position_embeddings)
     rope = c.rope_parameters.get("full_attention", c.rope_parameters)  # per layer type: Gemma 3
     writer.add_rope_freq_base(rope["rope_theta"])
@@ -141,7 +143,7 @@ def write_gguf(
             continue
         data = tensor.float().numpy()
         if arch == "llama" and ("q_proj" in name or "k_proj" in name):
-            data = interleave_rope_rows(tensor.float(), c.head_dim).numpy()
+            data = interleave_rope_rows(tensor.float(), head_dim).numpy()
         if name.endswith("norm.weight"):
             data = data + _NORM_SHIFT.get(arch, 0.0)
         if data.ndim == 2:

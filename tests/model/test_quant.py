@@ -40,7 +40,7 @@ def hf_models(tmp_path_factory) -> dict:
     configs = {**tiny_configs(), "llama": LlamaConfig(**TINY),  # plain RoPE in a GGUF
                "gemma2": tiny_gemma2_gguf_config(), "gemma3": tiny_gemma3_gguf_config()}  # fmt: skip
     out = {}
-    for name in ("llama", "qwen3", "gemma2", "gemma3"):
+    for name in ("llama", "qwen3", "gemma2", "gemma3", "phi3"):
         directory = save_tiny(tmp_path_factory.mktemp(name), configs[name], seed=5)
         out[name] = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
     return out
@@ -71,7 +71,7 @@ def test_int4_planes_reproduce_the_dequantized_blocks(qtype, tmp_path) -> None:
     assert (got - expected).abs().max() < 2e-2 * expected.abs().max()  # bfloat16 compute
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma2", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma2", "gemma3", "phi3"])
 def test_gguf_round_trip_matches_transformers(arch, hf_models, tmp_path) -> None:
     hf = hf_models[arch]
     path = write_gguf(hf, tmp_path / f"{arch}.gguf", arch, GGMLQuantizationType.F32)
@@ -91,7 +91,7 @@ def test_gguf_round_trip_matches_transformers(arch, hf_models, tmp_path) -> None
 
 @needs_kernel
 @pytest.mark.parametrize("qtype", QTYPES, ids=lambda q: q.name)
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma2", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma2", "gemma3", "phi3"])
 def test_quantized_execution_agrees_with_the_dequantized_file(
     arch, qtype, hf_models, tmp_path
 ) -> None:
