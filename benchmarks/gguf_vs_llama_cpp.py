@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 from gguf import GGMLQuantizationType
-from transformers import AutoModelForCausalLM, LlamaConfig, Phi3Config, Qwen3Config
+from transformers import AutoModelForCausalLM, LlamaConfig, MixtralConfig, Phi3Config, Qwen3Config
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -32,7 +32,12 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from model_speed import add_tokenizer
 
 from superinfer.model.loader import load_model
-from tests.model.gguf_tiny import tiny_gemma2_gguf_config, tiny_gemma3_gguf_config, write_gguf
+from tests.model.gguf_tiny import (
+    tiny_gemma2_gguf_config,
+    tiny_gemma3_gguf_config,
+    tiny_qwen3_moe_gguf_config,
+    write_gguf,
+)
 from tests.model.paged import PagedRun
 from tests.model.tiny import TINY
 
@@ -69,6 +74,12 @@ def tiny_config(arch: str):
         return Qwen3Config(**small, head_dim=16, tie_word_embeddings=True)
     if arch == "phi3":
         return Phi3Config(**small, pad_token_id=0)
+    if arch == "qwen3moe":
+        config = tiny_qwen3_moe_gguf_config(VOCAB_SIZE)
+        config.bos_token_id, config.eos_token_id = 1, 2
+        return config
+    if arch == "mixtral":  # llama.cpp's llama with experts
+        return MixtralConfig(**small, num_local_experts=4, num_experts_per_tok=2)
     return LlamaConfig(**small)
 
 
@@ -84,7 +95,11 @@ def llama_cpp_tokens(python: str, path: Path, num_tokens: int) -> list[list[int]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--arch", default="gemma3", choices=("gemma2", "gemma3", "llama", "phi3", "qwen3"))
+    parser.add_argument(
+        "--arch",
+        default="gemma3",
+        choices=("gemma2", "gemma3", "llama", "mixtral", "phi3", "qwen3", "qwen3moe"),
+    )
     parser.add_argument("--new-tokens", type=int, default=24)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--llama-python", default="/work/llama-venv/bin/python")
@@ -96,7 +111,8 @@ def main() -> None:
         for param in model.parameters():
             param.normal_(0.0, 0.15)  # logits far from uniform: no near ties
     with tempfile.TemporaryDirectory() as tmp:
-        path = write_gguf(model, Path(tmp) / f"{args.arch}.gguf", args.arch,
+        gguf_arch = "llama" if args.arch == "mixtral" else args.arch
+        path = write_gguf(model, Path(tmp) / f"{args.arch}.gguf", gguf_arch,
                           GGMLQuantizationType.F32, lambda w: add_tokenizer(w, VOCAB_SIZE))  # fmt: skip
         reference = []
         for prompt in PROMPTS:

@@ -207,6 +207,12 @@ def gguf_common(
         "eos_token_id": metadata.get("tokenizer.ggml.eos_token_id"),
         "name": metadata.get("general.name", arch),
         "sliding_window": get("attention.sliding_window"),
+        # experts (Mixtral as llama, qwen3moe): llama.cpp renormalises the top-k weights
+        # unless the file says otherwise
+        "num_experts": get("expert_count", 0) or 0,
+        "num_experts_per_tok": get("expert_used_count", 0) or 0,
+        "moe_intermediate_size": get("expert_feed_forward_length") or get("feed_forward_length"),
+        "norm_topk_prob": bool(get("expert_weights_norm", True)),
     }
 
 

@@ -34,15 +34,17 @@ batched with mixed lengths and chunked prefill (`tests/model/test_architectures.
 for Mistral, Gemma 3 and Qwen3-MoE, through the engine under KV pressure with rotation.
 
 Not supported yet: partial rotary embeddings (Phi-4-mini), LongRoPE (Phi-3 128k), Gemma 3's
-vision tower (text only), GGUF files of Gemma 1 and the MoE families.
+vision tower (text only), GGUF files of Gemma 1. In GGUF files of the MoE families
+(Mixtral as llama.cpp's `llama` with experts, `qwen3moe`) the experts are dequantized to
+`--dtype`; the attention layers run quantized.
 
 GGUF files follow llama.cpp's conventions (its tensor names, fused q/k/v and gate/up for
 Phi-3; its q/k row order for Llama;
 Gemma 2/3's norm weights stored as 1 + weight, their local-layer patterns, Gemma 3's local
 RoPE base). `benchmarks/gguf_vs_llama_cpp.py` writes a tiny random model of a GGUF family
 as the tests do and compares greedy tokens of transformers, llama.cpp and superinfer on it
-(docs/results/models/gguf_gemma3_1205/: all three agree for Llama, Qwen3, Phi-3, Gemma 2
-and Gemma 3).
+(docs/results/models/gguf_gemma3_1205/: all three agree for Llama, Qwen3, Phi-3, Gemma 2,
+Gemma 3, Qwen3-MoE and Mixtral).
 
 Sliding windows: when every layer is windowed (Mistral; Mixtral, Phi-3 or Qwen2 with a
 window on all layers), the KV blocks no future query can see are freed as decoding

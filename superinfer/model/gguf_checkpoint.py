@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -31,7 +32,10 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "ffn_gate_inp": "mlp.gate",  # the router of a mixture of experts
 }
+# a mixture of experts' projections, stacked: (experts, rows, columns)
+_EXPERTS = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight$")
 _ROPE_FREQS = "rope_freqs.weight"
 
 
@@ -93,8 +97,13 @@ class GGUFCheckpoint:
                 pending.append((t.name, pool.submit(_dequantize, t)))
                 while pending and (len(pending) > 2 * num_threads or i == len(tensors) - 1):
                     gguf_name, future = pending.popleft()
-                    name = hf_name(gguf_name, self.arch.gguf_tensor_names)
-                    yield name, torch.from_numpy(future.result())
+                    tensor = torch.from_numpy(future.result())
+                    if match := _EXPERTS.match(gguf_name):  # one matrix per expert
+                        layer, proj = match[1], match[2]
+                        for j, matrix in enumerate(tensor):
+                            yield f"model.layers.{layer}.mlp.experts.{j}.{proj}_proj.weight", matrix
+                        continue
+                    yield hf_name(gguf_name, self.arch.gguf_tensor_names), tensor
 
     def _num_rows(self, name: str) -> int:
         return int(self.tensors[name].shape[-1])  # GGUF lists dims innermost first

@@ -17,7 +17,7 @@ _NAMES = {
     "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
     "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
     "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+    "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "mlp.gate": "ffn_gate_inp",
 }  # fmt: skip
 _TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 # llama.cpp's gemma3 names for the sandwich norms (its `ffn_norm` is the pre-MLP norm), and
@@ -95,6 +95,19 @@ def tiny_gemma2_gguf_config(vocab_size: int = 128):
     )  # fmt: skip
 
 
+def tiny_qwen3_moe_gguf_config(vocab_size: int = 128):
+    """A tiny Qwen3-MoE as llama.cpp's qwen3moe runs it: every layer's MLP routed,
+    top-k weights renormalised."""
+    from transformers import Qwen3MoeConfig
+
+    from tests.model.tiny import TINY
+
+    return Qwen3MoeConfig(
+        **{**TINY, "vocab_size": vocab_size, "head_dim": 16}, num_experts=4,
+        num_experts_per_tok=2, moe_intermediate_size=48, norm_topk_prob=True,
+    )  # fmt: skip
+
+
 def gguf_name(hf_name: str, arch: str = "llama") -> str:
     stem, _, kind = hf_name.rpartition(".")
     if stem in _TOP:
@@ -136,10 +149,24 @@ def write_gguf(
         writer.add_attn_logit_softcapping(c.attn_logit_softcapping)
     if getattr(c, "final_logit_softcapping", None):
         writer.add_final_logit_softcapping(c.final_logit_softcapping)
+    num_experts = getattr(c, "num_local_experts", None) or getattr(c, "num_experts", None)
+    if num_experts:
+        writer.add_expert_count(num_experts)
+        writer.add_expert_used_count(c.num_experts_per_tok)
+        if getattr(c, "moe_intermediate_size", None):
+            writer.add_expert_feed_forward_length(c.moe_intermediate_size)
     writer.add_layer_norm_rms_eps(c.rms_norm_eps)
     writer.add_vocab_size(c.vocab_size)
     for name, tensor in model.state_dict().items():
         if name == "lm_head.weight" and c.tie_word_embeddings:
+            continue
+        if ".mlp.experts." in name:  # llama.cpp stacks the experts: (experts, rows, cols)
+            layer = name.split(".")[2]
+            parts = tensor.chunk(2, 1) if name.endswith("gate_up_proj") else (tensor,)
+            projs = ("gate", "up") if len(parts) == 2 else ("down",)
+            for proj, part in zip(projs, parts):
+                data = np.ascontiguousarray(part.float().numpy())
+                writer.add_tensor(f"blk.{layer}.ffn_{proj}_exps.weight", data)
             continue
         data = tensor.float().numpy()
         if arch == "llama" and ("q_proj" in name or "k_proj" in name):

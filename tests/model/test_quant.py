@@ -25,6 +25,7 @@ from tests.model.gguf_tiny import (
     quantize_q4_k,
     tiny_gemma2_gguf_config,
     tiny_gemma3_gguf_config,
+    tiny_qwen3_moe_gguf_config,
     write_gguf,
 )
 from tests.model.paged import PagedRun
@@ -38,9 +39,10 @@ needs_kernel = pytest.mark.skipif(not int4_kernel_available(), reason="no int4 C
 @pytest.fixture(scope="module")
 def hf_models(tmp_path_factory) -> dict:
     configs = {**tiny_configs(), "llama": LlamaConfig(**TINY),  # plain RoPE in a GGUF
-               "gemma2": tiny_gemma2_gguf_config(), "gemma3": tiny_gemma3_gguf_config()}  # fmt: skip
+               "gemma2": tiny_gemma2_gguf_config(), "gemma3": tiny_gemma3_gguf_config(),
+               "qwen3moe": tiny_qwen3_moe_gguf_config()}  # fmt: skip
     out = {}
-    for name in ("llama", "qwen3", "gemma2", "gemma3", "phi3"):
+    for name in ("llama", "qwen3", "gemma2", "gemma3", "phi3", "qwen3moe", "mixtral"):
         directory = save_tiny(tmp_path_factory.mktemp(name), configs[name], seed=5)
         out[name] = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
     return out
@@ -71,12 +73,19 @@ def test_int4_planes_reproduce_the_dequantized_blocks(qtype, tmp_path) -> None:
     assert (got - expected).abs().max() < 2e-2 * expected.abs().max()  # bfloat16 compute
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma2", "gemma3", "phi3"])
-def test_gguf_round_trip_matches_transformers(arch, hf_models, tmp_path) -> None:
-    hf = hf_models[arch]
-    path = write_gguf(hf, tmp_path / f"{arch}.gguf", arch, GGMLQuantizationType.F32)
+# (tiny model, llama.cpp's architecture): Mixtral is llama.cpp's llama with experts
+GGUF_ARCHS = [("llama", "llama"), ("qwen3", "qwen3"), ("gemma2", "gemma2"),
+              ("gemma3", "gemma3"), ("phi3", "phi3"), ("qwen3moe", "qwen3moe"),
+              ("mixtral", "llama")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "arch"), GGUF_ARCHS)
+def test_gguf_round_trip_matches_transformers(name, arch, hf_models, tmp_path) -> None:
+    hf = hf_models[name]
+    path = write_gguf(hf, tmp_path / f"{name}.gguf", arch, GGMLQuantizationType.F32)
     model, info = load_gguf_model(str(path), torch.float32, CPU, "none")
     assert info.architecture == arch and info.num_quantized_linears == 0
+    assert model.config.architecture == hf.config.architectures[0]
     with torch.inference_mode():
         expected = hf(torch.tensor([PROMPT])).logits[0]
         ids = list(PROMPT)  # plain argmax, as PagedRun.greedy (no end-of-sequence rule)

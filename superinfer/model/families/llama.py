@@ -18,7 +18,8 @@ def llama_gguf_config(
 ) -> ModelConfig:
     fields = gguf_common(metadata, names, factors)
     arch = metadata["general.architecture"]
-    return ModelConfig(**fields, architecture=f"{arch.capitalize()}ForCausalLM")
+    name = "Mixtral" if fields["num_experts"] else arch.capitalize()  # Mixtral is llama + experts
+    return ModelConfig(**fields, architecture=f"{name}ForCausalLM")
 
 
 register(Architecture(

@@ -36,6 +36,8 @@ def mixtral_weights(
 register(Architecture(
     name="MixtralForCausalLM", family="mixtral", model_types=("mixtral",),
     hf_config=mixtral_config, hf_weights=mixtral_weights,
-    features="top-k routed experts, renormalised; sliding window if set",
-    tested="greedy parity with transformers",
+    features="top-k routed experts, renormalised; sliding window if set; GGUF files are "
+    "llama.cpp's `llama` with experts",
+    tested="greedy parity with transformers; GGUF round trip (llama.cpp's layout, checked "
+    "against llama.cpp; experts dequantized)",
 ))  # fmt: skip

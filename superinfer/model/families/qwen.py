@@ -33,11 +33,12 @@ def qwen_gguf_config(
     metadata: Mapping[str, Any], names: Collection[str], factors: Sequence[float] | None
 ) -> ModelConfig:
     arch = metadata["general.architecture"]
-    qwen3 = arch == "qwen3"
+    names_by_arch = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                     "qwen3moe": "Qwen3MoeForCausalLM"}  # fmt: skip
     return ModelConfig(
         **gguf_common(metadata, names, factors),
-        qk_norm=qwen3,
-        architecture="Qwen3ForCausalLM" if qwen3 else "Qwen2ForCausalLM",
+        qk_norm=arch != "qwen2",
+        architecture=names_by_arch[arch],
     )
 
 
@@ -58,7 +59,10 @@ register(Architecture(
 register(Architecture(
     name="Qwen3MoeForCausalLM", family="qwen", model_types=("qwen3_moe",),
     hf_config=qwen3_moe_config,
+    gguf_arch="qwen3moe", gguf_config=qwen_gguf_config,
+    gguf_tensor_names={"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"},
     features="q/k norms; top-k routed experts (softmax, optional renormalisation), "
              "dense MLP on `mlp_only_layers`",
-    tested="greedy parity with transformers",
+    tested="greedy parity with transformers; GGUF round trip (llama.cpp's layout, checked "
+    "against llama.cpp; experts dequantized)",
 ))  # fmt: skip
