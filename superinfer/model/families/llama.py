@@ -27,8 +27,8 @@ register(Architecture(
     gguf_arch="llama", gguf_config=llama_gguf_config, gguf_interleaved_qk=True,
     features="RoPE with linear or llama3 scaling",
     tested="greedy parity with transformers (llama3, linear, yarn, dynamic RoPE); GGUF round "
-    "trip; Q4_0/Q4_1/Q8_0/Q4_K quantized execution; AWQ, GPTQ and FP8 checkpoints; the "
-    "default model (GGUF Q4_1)",
+    "trip (checked against llama.cpp); Q4_0/Q4_1/Q8_0/Q4_K quantized execution; AWQ, GPTQ "
+    "and FP8 checkpoints; the default model (GGUF Q4_1)",
 ))  # fmt: skip
 register(Architecture(
     name="MistralForCausalLM", family="llama", model_types=("mistral",), hf_config=llama_config,

@@ -53,8 +53,8 @@ register(Architecture(
     gguf_arch="qwen3", gguf_config=qwen_gguf_config,
     gguf_tensor_names={"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"},
     features="RMSNorm of each query and key head before RoPE",
-    tested="greedy parity with transformers; GGUF round trip; Q4_0/Q4_1/Q8_0 quantized "
-    "execution",
+    tested="greedy parity with transformers; GGUF round trip (checked against llama.cpp); "
+    "Q4_0/Q4_1/Q8_0 quantized execution",
 ))  # fmt: skip
 register(Architecture(
     name="Qwen3MoeForCausalLM", family="qwen", model_types=("qwen3_moe",),
