@@ -27,7 +27,6 @@ import gc
 import json
 import os
 import random
-import shutil
 import statistics
 import subprocess
 import sys
@@ -35,13 +34,12 @@ import tempfile
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from superinfer import LLM, SamplingParams
-from tests.model.quant_tiny import LINEARS, int4_tensors
+from tests.model.quant_tiny import int4_tensors, quantize_checkpoint, write_checkpoint
 
 # as AutoAWQ and AutoGPTQ write them (vLLM reads both)
 QUANTIZATION_CONFIGS = {
@@ -55,26 +53,13 @@ def write_quantized(hf_dir: Path, out: Path, method: str, group_size: int) -> Pa
     """A 4-bit copy of `hf_dir` in `method`'s format (reused when already written)."""
     if (out / "config.json").exists():
         return out
-    out.mkdir(parents=True, exist_ok=True)
-    tensors = {}
-    for shard in sorted(hf_dir.glob("*.safetensors")):
-        tensors.update(load_file(shard))
-    quantized = {}
-    for name, t in tensors.items():
-        module = name.removesuffix(".weight")
-        if name.endswith(".weight") and module.endswith(LINEARS):
-            parts, _ = int4_tensors(t.float(), method, group_size, is_symmetric=method == "gptq")
-            quantized.update({f"{module}.{k}": v for k, v in parts.items()})
-        else:
-            quantized[name] = t
-    save_file(quantized, out / "model.safetensors")
-    for f in hf_dir.iterdir():
-        if not f.name.startswith(("model", "config")):
-            shutil.copy(f, out / f.name)
-    config = json.loads((hf_dir / "config.json").read_text())
-    config["quantization_config"] = QUANTIZATION_CONFIGS[method] | {"group_size": group_size}
-    (out / "config.json").write_text(json.dumps(config))
-    return out
+
+    def make_layer(_name: str, w: torch.Tensor):
+        return int4_tensors(w.float(), method, group_size, is_symmetric=method == "gptq")
+
+    quantized, _ = quantize_checkpoint(hf_dir, make_layer)
+    config = QUANTIZATION_CONFIGS[method] | {"group_size": group_size}
+    return write_checkpoint(hf_dir, out, quantized, config)
 
 
 def rss_mb() -> float:

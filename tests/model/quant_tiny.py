@@ -135,8 +135,17 @@ def save_quantized(
     model (`config`, default `tiny_quant_config()`); `make_layer(name, w)` returns a linear
     layer's tensors and its weight (biases stay as they are)."""
     dense_dir = save_tiny(directory / "dense", config or tiny_quant_config(), seed)
+    quantized, reference = quantize_checkpoint(dense_dir, make_layer)
+    quantized_dir = write_checkpoint(dense_dir, directory / f"{method}-quantized", quantized,
+                                     quantization_config)  # fmt: skip
+    return quantized_dir, write_checkpoint(dense_dir, directory / f"{method}-reference", reference)
+
+
+def quantize_checkpoint(source: Path, make_layer) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """(quantized tensors, the weights they stand for) of the checkpoint in `source`: each
+    decoder linear layer through `make_layer(name, w)`, every other tensor as it is."""
     tensors = {}
-    for shard in sorted(dense_dir.glob("*.safetensors")):
+    for shard in sorted(source.glob("*.safetensors")):
         tensors.update(load_file(shard))
     quantized, reference = {}, {}
     for name, t in tensors.items():
@@ -147,17 +156,21 @@ def save_quantized(
             reference[name] = weight
         else:
             quantized[name] = reference[name] = t
-    out = []
-    for kind, weights in (("quantized", quantized), ("reference", reference)):
-        path = directory / f"{method}-{kind}"
-        path.mkdir()
-        for f in dense_dir.iterdir():  # the tokenizer's files
-            if not f.name.startswith(("model", "config")):
-                shutil.copy(f, path / f.name)
-        config = json.loads((dense_dir / "config.json").read_text())
-        if kind == "quantized":
-            config["quantization_config"] = quantization_config
-        (path / "config.json").write_text(json.dumps(config))
-        save_file({k: v.contiguous() for k, v in weights.items()}, path / "model.safetensors")
-        out.append(path)
-    return out[0], out[1]
+    return quantized, reference
+
+
+def write_checkpoint(
+    source: Path, path: Path, tensors: dict[str, Tensor], quantization_config: dict | None = None
+) -> Path:
+    """`tensors` as a checkpoint at `path`, with `source`'s config (plus
+    `quantization_config`) and tokenizer files."""
+    path.mkdir(parents=True, exist_ok=True)
+    for f in source.iterdir():  # the tokenizer's files
+        if not f.name.startswith(("model", "config")):
+            shutil.copy(f, path / f.name)
+    config = json.loads((source / "config.json").read_text())
+    if quantization_config is not None:
+        config["quantization_config"] = quantization_config
+    (path / "config.json").write_text(json.dumps(config))
+    save_file({k: v.contiguous() for k, v in tensors.items()}, path / "model.safetensors")
+    return path
