@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import zlib
 
 from superinfer.config import CacheConfig, SchedulerConfig
 from superinfer.core.factory import build_scheduler
@@ -15,6 +16,17 @@ _ids = itertools.count()
 EOS = 2
 
 
+def _prompt_of(request_id: str, num_tokens: int) -> list[int]:
+    """Token ids 100..1099 that depend only on the request id (not on the process's string
+    hash seed) and differ between requests: a start and a stride from its CRC-32, so two
+    requests share a prompt block only if both coincide (about 1 in a million pairs).
+    Python's `hash` made prompts collide for about 1 in 1,000 pairs of ids, at random from
+    run to run, and then prefix caching shared their blocks."""
+    crc = zlib.crc32(request_id.encode())
+    start, stride = crc % 1000, 1 + (crc // 1000) % 997
+    return [100 + (start + stride * i) % 1000 for i in range(num_tokens)]
+
+
 def make_request(
     num_prompt_tokens: int = 10,
     max_tokens: int = 8,
@@ -24,9 +36,7 @@ def make_request(
     **params,
 ) -> Request:
     request_id = request_id if request_id is not None else f"r{next(_ids)}"
-    prompt = prompt_token_ids or [
-        100 + (hash(request_id) + i) % 1000 for i in range(num_prompt_tokens)
-    ]
+    prompt = prompt_token_ids or _prompt_of(request_id, num_prompt_tokens)
     return Request(
         request_id=request_id,
         prompt_token_ids=prompt,
