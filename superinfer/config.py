@@ -180,8 +180,9 @@ class ModelConfig:
     quantization: str = opt(
         "auto",
         "Quantized execution, as vLLM's -q: gguf runs a GGUF file's Q4_0/Q4_1/Q8_0/Q4_K linear "
-        "layers on their quantized weights (CPU int4 kernel, bfloat16), none dequantizes them "
-        "to --dtype, auto is gguf where measured faster (docs/models.md). gguf-w4a8 runs "
+        "layers and MoE experts on their quantized weights (CPU int4 kernel, bfloat16), none "
+        "dequantizes them to --dtype, auto is gguf where measured faster (docs/models.md). "
+        "gguf-w4a8 runs "
         "them on activations rounded to 8 bits, as llama.cpp computes (faster; outputs "
         "differ slightly; CPU with AVX-512 VNNI). AWQ and GPTQ (4-bit) checkpoints run "
         "quantized in bfloat16 on PyTorch's int4 kernels (CPU and CUDA), FP8 ones on "

@@ -33,13 +33,15 @@ def _model_line(engine: LLMEngine) -> str:
     config, mc, info = engine.config.model, engine.model_config, engine.checkpoint
     if info.quantization == "none":
         quantization = "none"
-    elif info.num_quantized_linears:  # the int4 kernel (model/quant.py) on the GGUF blocks
+    elif info.num_quantized_linears or info.num_quantized_expert_layers:  # model/quant.py
         embedding = ", the token embedding kept Q8_0" if info.is_embedding_quantized else ""
+        experts = (f" and the experts of {info.num_quantized_expert_layers} MoE layers"
+                   if info.num_quantized_expert_layers else "")  # fmt: skip
         kernel = info.kernel or ("on 8-bit activations (gguf-w4a8)"
                                  if config.quantization == "gguf-w4a8" else "int4 kernel")  # fmt: skip
         quantization = (f"{info.quantization} ({info.format}, {info.num_quantized_linears} "
-                        f"linear layers run quantized, {kernel}{embedding}; the rest in "
-                        f"{_name(engine.dtype)})")  # fmt: skip
+                        f"linear layers{experts} run quantized, {kernel}{embedding}; the rest "
+                        f"in {_name(engine.dtype)})")  # fmt: skip
     else:
         why = f"; {info.kernel}" if info.kernel else ""
         quantization = (f"{info.quantization} ({info.format}, dequantized to "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -85,12 +85,18 @@ class GGUFCheckpoint:
         interleaved pairs (2i, 2i + 1), not HF's halves (i, i + D/2); not those of Qwen2."""
         return self.arch.gguf_interleaved_qk
 
-    def weights(self, num_threads: int = 2) -> Iterator[tuple[str, Tensor]]:
-        """(HF name, float32 tensor) pairs, q/k rows as stored (see `interleaved_qk`).
+    def weights(
+        self, num_threads: int = 2, skip: Collection[str] = ()
+    ) -> Iterator[tuple[str, Tensor]]:
+        """(HF name, float32 tensor) pairs, q/k rows as stored (see `interleaved_qk`),
+        without the GGUF tensors named in `skip` (held quantized elsewhere: never
+        dequantized).
 
         Dequantizes on `num_threads` threads (numpy releases the GIL), a few tensors ahead.
         """
-        tensors = [t for name, t in self.tensors.items() if name != _ROPE_FREQS]
+        tensors = [
+            t for name, t in self.tensors.items() if name != _ROPE_FREQS and name not in skip
+        ]
         pending: deque[tuple[str, Future[np.ndarray]]] = deque()
         with ThreadPoolExecutor(num_threads) as pool:
             for i, t in enumerate(tensors):

@@ -8,7 +8,7 @@ import importlib.util
 import json
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +29,7 @@ from superinfer.model.quant_checkpoint import (
     quantized_kernel,
     swap_quantized_linears,
 )
+from superinfer.model.quant_moe import QuantExperts, quantize_experts, quantized_expert_tensors
 from superinfer.model.registry import hf_architecture
 from superinfer.model.tokenizer import load_tokenizer
 
@@ -51,6 +52,7 @@ class CheckpointInfo:
     num_quantized_linears: int = 0  # linear layers run on their quantized weights
     is_embedding_quantized: bool = False  # the token embedding kept in its GGUF blocks
     kernel: str = ""  # what runs the quantized layers, or why none do
+    num_quantized_expert_layers: int = 0  # MoE layers whose experts run quantized (GGUF)
 
 
 @dataclass
@@ -94,7 +96,8 @@ def load_model(
     not load other weights or change dtype).
 
     `quantization` (vLLM's `--quantization`): "gguf" runs a GGUF file's Q4_0, Q4_1, Q8_0 and Q4_K
-    linear layers on their quantized weights (CPU, `superinfer.model.quant`); "none"
+    linear layers and MoE experts on their quantized weights (CPU, `superinfer.model.quant`,
+    `superinfer.model.quant_moe`); "none"
     dequantizes them to `dtype`; "auto" is "gguf" where that was measured faster
     (`auto_quantizes`), for steps of a few rows (decode of a few sequences; on `cpu_gemv`'s
     GEMV where it runs), with the 4-bit GEMM of `cpu_q4` (or, for Q8_0 layers, dense
@@ -162,11 +165,18 @@ def build_model(
     dtype: torch.dtype,
     device: torch.device,
     interleaved_qk: bool = False,
+    prepare: Callable[[DecoderForCausalLM], object] | None = None,
 ) -> DecoderForCausalLM:
     """Allocate the model without initialising it, then copy in HF-named `weights`
-    (see `superinfer.model.weights.load_hf_weights` for `interleaved_qk`)."""
+    (see `superinfer.model.weights.load_hf_weights` for `interleaved_qk`).
+
+    `prepare` runs on the model before its parameters are allocated (on the meta device):
+    it may swap in modules that hold their own weights (`quant_moe.QuantExperts`); the
+    parameters they replace are then neither allocated nor expected among `weights`."""
     with torch.device("meta"), _without_init():
         model = DecoderForCausalLM(config).to(dtype)
+    if prepare is not None:
+        prepare(model)
     _materialize(model, device)
     model.tie_weights()  # materializing unties shared parameters
     model.load_weights(weights, interleaved_qk)
@@ -201,8 +211,8 @@ def _keep(tensor: Tensor, *args: object, **kwargs: object) -> Tensor:
 def _materialize(model: nn.Module, device: torch.device) -> None:
     """`model.to_empty(device)` without its `empty_like` on meta tensors: that runs a
     Python reference which imports torch's symbolic shapes and sympy, 36 MB of resident
-    memory a server never uses."""
-    model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
+    memory a server never uses. Tensors already allocated (`build_model`'s `prepare`) stay."""
+    model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device) if t.is_meta else t)
 
 
 def load_gguf_model(
@@ -211,24 +221,33 @@ def load_gguf_model(
     """The model of a GGUF file (without its tokenizer), quantized as `load_model` says."""
     checkpoint = GGUFCheckpoint(path)
     config = checkpoint.config()
-    weights = checkpoint.weights()
+    quantizes = _quantizes(quantization, dtype, device)
+    # gguf-w4a8: every step on 8-bit activations, faster than the int4 kernel from one
+    # row (benchmarks/int4_rows.py), and a row's result does not depend on the others
+    hybrid = {"gguf": None, "gguf-w4a8": 0}.get(quantization, AUTO_MAX_INT4_ROWS)
+    is_w4a8 = quantization == "gguf-w4a8"
+    # experts kept quantized are swapped in before the float parameters are allocated, and
+    # their tensors never dequantized (quant_moe): a large MoE would not fit in float
+    experts = quantized_expert_tensors(checkpoint.tensors, config) if quantizes else set()
+    weights = checkpoint.weights(skip=experts)
     if checkpoint.arch.hf_weights is not None:  # e.g. Phi-3's fused projections, split
         weights = checkpoint.arch.hf_weights(weights, config)
-    model = build_model(config, weights, dtype, device, checkpoint.interleaved_qk)
+    prepare = functools.partial(quantize_experts, tensors=checkpoint.tensors, names=experts,
+                                max_int4_rows=hybrid, is_w4a8=is_w4a8)  # fmt: skip
+    model = build_model(config, weights, dtype, device, checkpoint.interleaved_qk, prepare)
+    num_expert_layers = sum(isinstance(m, QuantExperts) for m in model.modules())
     swapped, is_embedding_quantized = [], False
-    if _quantizes(quantization, dtype, device):
-        # gguf-w4a8: every step on 8-bit activations, faster than the int4 kernel from one
-        # row (benchmarks/int4_rows.py), and a row's result does not depend on the others
-        hybrid = {"gguf": None, "gguf-w4a8": 0}.get(quantization, AUTO_MAX_INT4_ROWS)
+    if quantizes:
         swapped = quantize_linears(model, checkpoint.tensors, checkpoint.interleaved_qk, hybrid,
-                                   is_w4a8=quantization == "gguf-w4a8")  # fmt: skip
+                                   is_w4a8)  # fmt: skip
         is_embedding_quantized = quantize_embedding(model, checkpoint.tensors)
-    if quantization.startswith("gguf") and not swapped:
+    if quantization.startswith("gguf") and not swapped and not num_expert_layers:
         raise ValueError(
             f"--quantization {quantization}: {path} has no Q4_0, Q4_1, Q8_0 or Q4_K linear layer"
         )
     info = CheckpointInfo(path, "gguf", checkpoint.architecture, checkpoint.quantization,
-                          len(swapped), is_embedding_quantized)  # fmt: skip
+                          len(swapped), is_embedding_quantized,
+                          num_quantized_expert_layers=num_expert_layers)  # fmt: skip
     return model, info
 
 

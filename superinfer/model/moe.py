@@ -3,7 +3,8 @@
 The experts' weights are stacked, (E, 2I, C) and (E, C, I); a step's (token, expert) pairs
 are sorted by expert and multiplied in one grouped matmul per projection
 (`torch._grouped_mm`, one GEMM per expert that received tokens, in a single call), so there
-is no Python loop over tokens or experts.
+is no Python loop over tokens or experts. A GGUF's experts kept quantized replace `Experts`
+with `quant_moe.QuantExperts`, which loops over the experts that received rows.
 """
 
 from __future__ import annotations

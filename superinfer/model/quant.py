@@ -23,6 +23,11 @@ more rows than that (prefill, batched decode) run, for the 4-bit layers, the 4-b
 dense copy of the weights. Under `--quantization
 gguf-w4a8` every step of the 4-bit and Q8_0 layers runs the GEMM of `cpu_w4a8` instead
 (llama.cpp's arithmetic: activations rounded to 8 bits per block of 32).
+
+What runs quantized: the linear layers (q/k/v, o, gate/up, down, lm_head) whose tensors
+are all of these types (`quantize_linears`), a Q8_0 token embedding (`Q8Embedding`), and a
+mixture of experts' stacked expert tensors (`quant_moe`, one `int4_linear` per expert and
+projection: these kernels, but never a dense copy).
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ QUANT_TYPES = {
     GGMLQuantizationType.Q8_0: "Q8_0",
     GGMLQuantizationType.Q4_K: "Q4_K",
 }
+Planes = tuple[Tensor, Tensor, Tensor]  # nibbles (N, K'), scales and zeros (N, K' / 32)
 
 
 def int4_kernel_available() -> bool:
@@ -83,8 +89,15 @@ class Int4Linear(nn.Module):
         self.max_int4_rows = sys.maxsize  # a plain attribute: read on every call
         self.in_features, self.out_features = in_features, nibbles.shape[0]
         self.num_planes = nibbles.shape[1] // in_features
-        nibbles = nibbles.to(torch.int32)  # what the packing op takes
-        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(nibbles, 1)
+        int32 = nibbles.to(torch.int32)  # what the packing op takes: 4 bytes a weight
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(int32, 1)
+        del int32
+        # copied into the int32 copy's freed space: made while that lived, the packed bytes
+        # sat above it in glibc's heap, and a model of many such layers (a MoE's experts)
+        # kept a hole per layer (a 4-layer, 32-expert Q4_0 MoE under `gguf`: 1044 MB
+        # resident after loading, 588 MB with the copy)
+        self.packed = packed.clone()
+        del packed
         sz = torch.stack([scales.t(), zeros.t()], -1)  # (K' / 32, N, 2)
         self.scales_zeros = sz.to(torch.bfloat16).contiguous()
 
@@ -191,20 +204,30 @@ def quantize_embedding(model: nn.Module, tensors: dict[str, ReaderTensor]) -> bo
 def q8_0_blocks(tensor: ReaderTensor) -> tuple[np.ndarray, np.ndarray]:
     """A Q8_0 tensor's (scales (N, nb) float32, values (N, nb, 32) uint8 holding int8
     bits): each block of 32 is an fp16 scale then 32 int8 values."""
-    blocks = np.asarray(tensor.data).reshape(int(tensor.shape[-1]), -1, 34)
+    return _q8_0_split(np.asarray(tensor.data).reshape(int(tensor.shape[-1]), -1))
+
+
+def _q8_0_split(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`q8_0_blocks` of Q8_0 rows (N, row bytes)."""
+    blocks = raw.reshape(raw.shape[0], -1, 34)
     return blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float32), blocks[..., 2:]
 
 
-def int4_planes(tensor: ReaderTensor) -> tuple[Tensor, Tensor, Tensor]:
+def int4_planes(tensor: ReaderTensor) -> Planes:
     """(nibbles (N, K') uint8, scales and zeros (N, K'/32) float32) of a Q4_0, Q4_1, Q8_0
-    or Q4_K tensor."""
-    kind = tensor.tensor_type
-    num_rows = int(tensor.shape[-1])
-    raw = np.asarray(tensor.data).reshape(num_rows, -1)
+    or Q4_K matrix."""
+    raw = np.asarray(tensor.data).reshape(int(tensor.shape[-1]), -1)
+    return rows_planes(raw, tensor.tensor_type)
+
+
+def rows_planes(raw: np.ndarray, kind: GGMLQuantizationType) -> Planes:
+    """`int4_planes` of rows (N, row bytes) of GGUF blocks of type `kind`: a matrix, or
+    one expert's of a stacked (experts, rows, columns) tensor."""
+    num_rows = raw.shape[0]
     if kind == GGMLQuantizationType.Q4_K:
         return _q4_k_planes(raw)
     if kind == GGMLQuantizationType.Q8_0:
-        d, values = q8_0_blocks(tensor)
+        d, values = _q8_0_split(raw)
         u = values ^ np.uint8(0x80)  # q + 128 as uint8, (N, nb, 32)
         lo, hi = u & 15, u >> 4
         nibbles = np.concatenate([lo.reshape(num_rows, -1), hi.reshape(num_rows, -1)], 1)
@@ -294,9 +317,6 @@ def _split_rows(planes: Planes, sizes: list[int]) -> list[Planes]:
     return [tuple(parts) for parts in zip(*(p.split(sizes) for p in planes))]
 
 
-Planes = tuple[Tensor, Tensor, Tensor]  # nibbles (N, K'), scales and zeros (N, K' / 32)
-
-
 def swap_int4_linears(
     model: nn.Module,
     planes: dict[str, list[Planes]],
@@ -339,10 +359,22 @@ def swap_int4_linears(
     return swapped
 
 
+def int4_linear(planes: Planes, in_features: int, max_int4_rows: int | None,
+                is_w4a8: bool = False) -> Int4Linear:  # fmt: skip
+    """An Int4Linear over `planes` (no bias) on the kernels `swap_int4_linears` gives a
+    layer, except that it never keeps a dense copy: where a layer would (Q8_0 planes, or no
+    4-bit GEMM here, under `max_int4_rows`), every step runs the int4 kernel. For weights
+    kept quantized to save memory (the experts of `quant_moe`)."""
+    int4 = Int4Linear(*planes, in_features)
+    if max_int4_rows is not None:
+        _keep_larger_steps(int4, "", None, list(planes), max_int4_rows, is_w4a8)
+    return int4
+
+
 def _keep_larger_steps(
     int4: Int4Linear,
     name: str,
-    linear: nn.Linear,
+    linear: nn.Linear | None,
     fused: list[Tensor],
     max_int4_rows: int,
     is_w4a8: bool,
@@ -350,18 +382,21 @@ def _keep_larger_steps(
     """The kernels of `swap_int4_linears`' hybrid: the larger steps compute with the int4
     kernel's weights (same rounded scales), so a request's tokens do not depend on how many
     rows shared its steps (is_w4a8: the loader passes 0, so that every step runs one kernel,
-    row by row)."""
+    row by row). Without `linear` (no dense copy allowed), a layer that would need one
+    stays on the int4 kernel."""
     gemv = gemv_kernel() if not is_w4a8 and max_int4_rows <= GEMV_MAX_ROWS else None
     rows = max_int4_rows
     if name == "lm_head":
         rows = min(max_int4_rows, LM_HEAD_MAX_INT4_ROWS if gemv is None else LM_HEAD_GEMV_MAX_ROWS)
     if is_w4a8:  # 4-bit and Q8_0 layers alike
-        weights = _w4a8_kernel().pack_planes(*fused, linear.in_features, linear.bias)
+        weights = _w4a8_kernel().pack_planes(*fused, int4.in_features, int4.bias)
     else:
         q4 = q4_kernel() if int4.num_planes == 1 else None
-        weights = None if q4 is None else q4.pack(*fused, linear.bias)
+        weights = None if q4 is None else q4.pack(*fused, int4.bias)
     if weights is not None:
         int4.keep_q4(weights, rows)
+    elif linear is None:
+        return  # the int4 kernel's packed weights serve every step
     else:
         weight = int4.dequantized(*fused, linear.weight.dtype)
         linear.weight = nn.Parameter(weight, requires_grad=False)  # unties lm_head
@@ -370,8 +405,8 @@ def _keep_larger_steps(
         if int4.num_planes == 1 and isinstance(weights, Q4Weights):
             int4.keep_gemv(gemv, weights)
         elif int4.num_planes == 2:
-            int4.keep_gemv(gemv, gemv.pack_planes(fused[0], fused[1], linear.in_features,
-                                                  linear.bias))  # fmt: skip
+            int4.keep_gemv(gemv, gemv.pack_planes(fused[0], fused[1], int4.in_features,
+                                                  int4.bias))  # fmt: skip
 
 
 def _w4a8_kernel() -> W4A8Kernel:

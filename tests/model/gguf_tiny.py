@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFWriter, RopeScalingType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, RopeScalingType
 from gguf.quants import quantize
 
 from superinfer.model.weights import interleave_rope_rows
@@ -95,17 +95,16 @@ def tiny_gemma2_gguf_config(vocab_size: int = 128):
     )  # fmt: skip
 
 
-def tiny_qwen3_moe_gguf_config(vocab_size: int = 128):
+def tiny_qwen3_moe_gguf_config(vocab_size: int = 128, **overrides):
     """A tiny Qwen3-MoE as llama.cpp's qwen3moe runs it: every layer's MLP routed,
-    top-k weights renormalised."""
+    top-k weights renormalised; `overrides` change the config's fields."""
     from transformers import Qwen3MoeConfig
 
     from tests.model.tiny import TINY
 
-    return Qwen3MoeConfig(
-        **{**TINY, "vocab_size": vocab_size, "head_dim": 16}, num_experts=4,
-        num_experts_per_tok=2, moe_intermediate_size=48, norm_topk_prob=True,
-    )  # fmt: skip
+    fields = {**TINY, "vocab_size": vocab_size, "head_dim": 16, "num_experts": 4,
+              "num_experts_per_tok": 2, "moe_intermediate_size": 48, "norm_topk_prob": True}  # fmt: skip
+    return Qwen3MoeConfig(**{**fields, **overrides})
 
 
 def gguf_name(hf_name: str, arch: str = "llama") -> str:
@@ -122,9 +121,12 @@ def write_gguf(
     arch: str,
     qtype: GGMLQuantizationType,
     configure: Callable[[GGUFWriter], None] | None = None,
+    expert_qtype: GGMLQuantizationType = GGMLQuantizationType.F32,
 ) -> Path:
     """Matrices in `qtype` (F32 for the rest), as llama.cpp would convert `model`;
-    `configure` may add metadata (a tokenizer, for llama.cpp) before the file is written."""
+    `configure` may add metadata (a tokenizer, for llama.cpp) before the file is written.
+    The stacked experts are in `expert_qtype`, each projection whose rows do not divide
+    into its blocks in F32."""
     c = model.config
     writer = GGUFWriter(str(path), arch)
     if configure is not None:
@@ -166,7 +168,7 @@ def write_gguf(
             projs = ("gate", "up") if len(parts) == 2 else ("down",)
             for proj, part in zip(projs, parts):
                 data = np.ascontiguousarray(part.float().numpy())
-                writer.add_tensor(f"blk.{layer}.ffn_{proj}_exps.weight", data)
+                _add_stacked(writer, f"blk.{layer}.ffn_{proj}_exps.weight", data, expert_qtype)
             continue
         data = tensor.float().numpy()
         if arch == "llama" and ("q_proj" in name or "k_proj" in name):
@@ -183,3 +185,18 @@ def write_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def _add_stacked(writer: GGUFWriter, name: str, data: np.ndarray, qtype) -> None:
+    """(experts, rows, columns) float32 in `qtype`, or F32 where the columns do not divide
+    into its blocks (as llama.cpp's converter falls back)."""
+    block = GGML_QUANT_SIZES[qtype][0]
+    if qtype == GGMLQuantizationType.F32 or data.shape[-1] % block:
+        writer.add_tensor(name, data)
+        return
+    if qtype == Q4_K:
+        flat = quantize_q4_k(data.reshape(-1, data.shape[-1]))
+        blocks = flat.reshape(*data.shape[:2], -1)
+    else:
+        blocks = quantize(data, qtype)
+    writer.add_tensor(name, blocks, raw_dtype=qtype)

@@ -39,5 +39,5 @@ register(Architecture(
     features="top-k routed experts, renormalised; sliding window if set; GGUF files are "
     "llama.cpp's `llama` with experts",
     tested="greedy parity with transformers; GGUF round trip (llama.cpp's layout, checked "
-    "against llama.cpp; experts dequantized)",
+    "against llama.cpp); Q4_0/Q4_1/Q8_0 quantized experts against the dequantized file",
 ))  # fmt: skip

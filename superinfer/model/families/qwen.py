@@ -64,5 +64,6 @@ register(Architecture(
     features="q/k norms; top-k routed experts (softmax, optional renormalisation), "
              "dense MLP on `mlp_only_layers`",
     tested="greedy parity with transformers; GGUF round trip (llama.cpp's layout, checked "
-    "against llama.cpp; experts dequantized)",
+    "against llama.cpp); Q4_0/Q4_1/Q8_0/Q4_K quantized experts against the "
+    "dequantized file, and through the engine",
 ))  # fmt: skip

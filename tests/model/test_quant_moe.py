@@ -1,0 +1,238 @@
+"""GGUF experts kept quantized (`quant_moe`) against the same file's experts dequantized:
+the layer's function, greedy tokens, the bytes held, and the engine serving the file."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from torch import Tensor, nn
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from superinfer.model import gguf_checkpoint
+from superinfer.model.loader import load_gguf_model
+from superinfer.model.moe import Experts
+from superinfer.model.quant import Int4Linear, int4_kernel_available
+from superinfer.model.quant_moe import QuantExperts
+from tests.model.gguf_tiny import tiny_qwen3_moe_gguf_config, write_gguf
+from tests.model.paged import PagedRun
+from tests.model.tiny import PROMPT, save_tiny, tiny_configs
+
+pytestmark = pytest.mark.skipif(not int4_kernel_available(), reason="no int4 CPU kernel")
+
+CPU = torch.device("cpu")
+Q4_0, Q4_1, Q8_0 = GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0
+Q4_K = GGMLQuantizationType.Q4_K
+# tiny model -> (config, llama.cpp's architecture); Mixtral is llama.cpp's llama with experts
+MODELS = {
+    "qwen3moe": (lambda: tiny_qwen3_moe_gguf_config(moe_intermediate_size=64), "qwen3moe"),
+    "mixtral": (lambda: tiny_configs()["mixtral"], "llama"),
+    # down_exps' rows (48) do not divide into blocks: written F32, kept dense
+    "qwen3moe-48": (tiny_qwen3_moe_gguf_config, "qwen3moe"),
+    # every matrix divides into Q4_K's super-blocks of 256
+    "qwen3moe-256": (lambda: tiny_qwen3_moe_gguf_config(hidden_size=256, head_dim=64,
+                                                        moe_intermediate_size=256), "qwen3moe"),
+}  # fmt: skip
+NEAR_TIE = 0.02  # logits of the tiny models span about +-0.7; bfloat16 steps there are 2**-9
+
+
+@pytest.fixture(scope="module")
+def gguf_file(tmp_path_factory):
+    """(model, qtype) -> a GGUF file with every matrix, the experts too, in qtype."""
+    files: dict[tuple[str, GGMLQuantizationType], Path] = {}
+
+    def get(name: str, qtype: GGMLQuantizationType) -> Path:
+        if (name, qtype) not in files:
+            config, arch = MODELS[name]
+            directory = save_tiny(tmp_path_factory.mktemp(name), config(), seed=5)
+            hf = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+            path = directory / f"{qtype.name}.gguf"
+            files[name, qtype] = write_gguf(hf, path, arch, qtype, expert_qtype=qtype)
+        return files[name, qtype]
+
+    return get
+
+
+def _load(path: Path, quantization: str) -> nn.Module:
+    return load_gguf_model(str(path), torch.bfloat16, CPU, quantization)[0]
+
+
+def _sorted_rows(counts: Sequence[int], size: int) -> tuple[Tensor, Tensor]:
+    """Rows (N, size) bfloat16 and their experts (N,), sorted, `counts[e]` rows for e."""
+    generator = torch.Generator().manual_seed(0)
+    experts = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
+    x = torch.randn(len(experts), size, generator=generator).to(torch.bfloat16)
+    return x, experts
+
+
+# (model, qtype, quantization, projections kept quantized)
+LAYER_CASES = [("qwen3moe", Q4_0, "auto", 2), ("qwen3moe", Q8_0, "auto", 2),
+               ("mixtral", Q4_1, "auto", 2), ("mixtral", Q4_0, "gguf", 2),
+               ("qwen3moe-48", Q4_0, "auto", 1), ("qwen3moe-256", Q4_K, "auto", 2)]  # fmt: skip
+
+
+def _id(value: object) -> str:
+    return value.name if isinstance(value, GGMLQuantizationType) else str(value)
+
+
+@pytest.mark.parametrize(("name", "qtype", "quantization", "num_quantized"), LAYER_CASES, ids=_id)
+def test_quantized_experts_compute_the_dequantized_experts(
+    name, qtype, quantization, num_quantized, gguf_file
+) -> None:
+    """One batch of rows over every kernel path: an expert with more rows than the few-row
+    GEMV takes (the 4-bit GEMM under auto), one with a few, one with none."""
+    path = gguf_file(name, qtype)
+    dense, quantized = _load(path, "none"), _load(path, quantization)
+    x, ids = _sorted_rows([11, 0, 3, 26], dense.config.hidden_size)
+    for layer in range(2):
+        experts = [m.model.layers[layer].mlp.experts for m in (dense, quantized)]
+        assert isinstance(experts[0], Experts) and isinstance(experts[1], QuantExperts)
+        projections = [experts[1].gate_up_proj, experts[1].down_proj]
+        assert sum(isinstance(p, nn.ModuleList) for p in projections) == num_quantized
+        with torch.inference_mode():
+            expected, got = experts[0](x, ids).float(), experts[1](x, ids).float()
+        scale = expected.abs().max()
+        assert scale > 1  # the experts compute something
+        # bfloat16 weights (the kernels round the GGUF scales to bfloat16), bfloat16
+        # products: measured at about half these bounds
+        assert (got - expected).abs().max() < 2**-6 * scale
+        assert (got - expected).abs().mean() < 2**-9 * scale
+
+
+def test_w4a8_experts_compute_the_dequantized_experts_on_8_bit_activations(
+    gguf_file,
+) -> None:
+    from superinfer.model.cpu_w4a8 import w4a8_kernel
+
+    if w4a8_kernel() is None:
+        pytest.skip("no AVX-512 VNNI and BF16 here")
+    path = gguf_file("qwen3moe", Q4_0)
+    dense, quantized = _load(path, "none"), _load(path, "gguf-w4a8")
+    experts = [m.model.layers[1].mlp.experts for m in (dense, quantized)]
+    x, ids = _sorted_rows([2, 9, 0, 30], dense.config.hidden_size)
+    with torch.inference_mode():
+        expected, got = experts[0](x, ids).float(), experts[1](x, ids).float()
+    assert torch.cosine_similarity(got, expected, dim=-1).min() > 0.999
+
+
+def _greedy(model: nn.Module, prompt: list[int], num_tokens: int) -> tuple[list[int], Tensor]:
+    """Greedy tokens, one a step after the prefill, and the logits each was taken from."""
+    run = PagedRun(model, 64, 4)
+    seq = run.add(prompt)
+    logits, tokens, steps = run.step([(seq, len(prompt))])[0], [], []
+    for _ in range(num_tokens):
+        steps.append(logits)
+        tokens.append(int(logits.argmax()))
+        run.tokens[seq].append(tokens[-1])
+        logits = run.step([(seq, 1)])[0]
+    return tokens, torch.stack(steps)
+
+
+def _assert_same_or_near_tie(got: list[int], expected: list[int], logits: Sequence[Tensor]) -> int:
+    """Equal tokens, or the first that differ were near-tied in each model's logits at
+    that step (the same context); returns how many steps agree."""
+    same = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), len(expected))
+    if same < len(expected):
+        for step_logits in logits:
+            gap = (step_logits[same, got[same]] - step_logits[same, expected[same]]).abs()
+            assert gap < NEAR_TIE, f"step {same}: {got[same]} != {expected[same]}, gap {gap}"
+    return same
+
+
+@pytest.mark.parametrize("qtype", [Q4_0, Q4_1, Q8_0], ids=lambda q: q.name)
+@pytest.mark.parametrize("name", ["qwen3moe", "mixtral"])
+def test_greedy_tokens_match_the_dequantized_file(name, qtype, gguf_file) -> None:
+    path = gguf_file(name, qtype)
+    dense, quantized = _load(path, "none"), _load(path, "auto")
+    assert sum(isinstance(m, QuantExperts) for m in quantized.modules()) == 2
+    expected, expected_logits = _greedy(dense, PROMPT, 24)
+    tokens, logits = _greedy(quantized, PROMPT, 24)
+    same = _assert_same_or_near_tie(tokens, expected, [logits, expected_logits])
+    assert same >= 12  # at most a late divergence
+    similarity = torch.cosine_similarity(logits[: same + 1], expected_logits[: same + 1], dim=-1)
+    assert similarity.min() > 0.999
+
+
+def _held_bytes(module: nn.Module) -> int:
+    """Bytes of the tensors `module` holds: parameters, buffers and the kernels' packed
+    weights of its Int4Linear layers (each storage once)."""
+    storages: dict[int, int] = {}
+
+    def add(obj: object) -> None:
+        if isinstance(obj, Tensor):
+            storage = obj.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+        elif obj is not None and hasattr(obj, "__dict__") and not isinstance(obj, nn.Module):
+            for value in vars(obj).values():  # Q4Weights, Q8Weights, W4A8Weights
+                if isinstance(value, Tensor):
+                    add(value)
+
+    for tensor in [*module.parameters(), *module.buffers()]:
+        add(tensor)
+    for layer in module.modules():
+        if isinstance(layer, Int4Linear):
+            for value in (layer.packed, layer.scales_zeros, layer.q4, layer.gemv_weights):
+                add(value)
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize(("qtype", "quantization", "max_ratio"),
+                         [(Q4_0, "auto", 0.34), (Q4_0, "gguf", 0.34),
+                          (Q8_0, "gguf", 0.7)], ids=_id)  # fmt: skip
+def test_experts_are_kept_quantized_and_never_dequantized(
+    qtype, quantization, max_ratio, gguf_file, monkeypatch
+) -> None:
+    """No float expert weights in the model, nor dequantized at load; 4-bit experts hold
+    0.625 bytes a weight (4 bits, a bfloat16 scale and zero per 32), Q8_0 ones 1.25."""
+    path = gguf_file("qwen3moe", qtype)
+    dequantized = []
+    original = gguf_checkpoint._dequantize
+
+    def recording(tensor):
+        dequantized.append(tensor.name)
+        return original(tensor)
+
+    monkeypatch.setattr(gguf_checkpoint, "_dequantize", recording)
+    dense = _load(path, "none")
+    assert sum("_exps." in name for name in dequantized) == 3 * 2
+    dequantized.clear()
+    quantized = _load(path, quantization)
+    assert not [name for name in dequantized if "_exps." in name]
+    assert not [name for name, _ in quantized.named_parameters() if ".experts." in name]
+    for layer in range(2):
+        float_bytes = _held_bytes(dense.model.layers[layer].mlp.experts)
+        config = dense.config
+        weights = config.num_experts * 3 * config.moe_intermediate_size * config.hidden_size
+        assert float_bytes == 2 * weights  # bfloat16
+        held = _held_bytes(quantized.model.layers[layer].mlp.experts)
+        assert 0.25 * float_bytes < held < max_ratio * float_bytes
+
+
+def test_engine_serves_a_gguf_moe_with_quantized_experts(gguf_file, monkeypatch) -> None:
+    """The engine (auto: bfloat16, quantized experts) on requests of mixed lengths, batched
+    and chunked: each request's tokens are those of the file's dequantized model alone, up
+    to a near-tie."""
+    from superinfer import LLM, SamplingParams
+    from superinfer.model import loader
+
+    path = gguf_file("qwen3moe", Q4_0)
+    word_tokenizer = AutoTokenizer.from_pretrained(path.parent)  # the GGUF holds none
+    monkeypatch.setattr(loader, "load_tokenizer", lambda _path: word_tokenizer)
+    prompts = [PROMPT, PROMPT[:3], [1, 9, 4, 77, 31, 100, 6, 52, 14, 88, 23, 45, 67, 12, 80, 3,
+               39, 111, 27, 59, 7], [1, 50, 75, 19, 101, 36, 44]]  # fmt: skip
+    llm = LLM(str(path), dtype="bfloat16", device="cpu", quantization="auto", block_size=4,
+              num_device_blocks=64, max_model_len=64, max_num_batched_tokens=16)  # fmt: skip
+    try:
+        assert llm.engine.checkpoint.num_quantized_expert_layers == 2
+        params = SamplingParams(max_tokens=12, min_tokens=12, temperature=0.0)
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    finally:
+        llm.engine.close()
+    dense = _load(path, "none")
+    for prompt, output in zip(prompts, outputs):
+        expected, expected_logits = _greedy(dense, prompt, 12)
+        tokens = list(output.outputs[0].token_ids)
+        assert _assert_same_or_near_tie(tokens, expected, [expected_logits]) >= 6
