@@ -7,15 +7,16 @@ weight to float with its scale and zero; here each block's 4-bit values go to `v
 as the small integers they are (exact in bfloat16), and the block's scale and zero are
 applied once per row: sum w x = scale sum (q - 8) x + zero sum x. Q8_0 layers (the default
 model's lm_head, tied to its Q8_0 embedding) multiply their 8-bit values in float, where
-the int4 kernel ran them as two 4-bit planes. Over the default model's layers
+the int4 kernel ran them as two 4-bit planes; Q6_K layers (a scale per 16 inputs, which the
+int4 kernels' groups of 32 cannot hold) too, in the same 8-bit layout. Over the default model's layers
 (`benchmarks/int4_rows.py`, docs/results/models/gemv_1205/) that is 0.68x the int4
 kernel's time at one row and 0.67x at 8, faster than the 4-bit GEMM up to 8 rows; lm_head
 takes 0.59x at one row, and beats oneDNN's dense bfloat16 GEMM up to 4.
 
 It computes the int4 kernel's function of the same weights (bfloat16 scales and zeros;
 Q8_0 values times their scale), rounded in another order, and each row on its own. The
-4-bit layers read the packed weights of `cpu_q4` (no copy of their own); Q8_0 layers
-read `cpu_w4a8`'s 8-bit layout, packed here.
+4-bit layers read the packed weights of `cpu_q4` (no copy of their own); Q8_0 and Q6_K
+layers read `cpu_w4a8`'s 8-bit layout, packed here.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ MAX_ROWS = 8  # the most rows a call takes (q_gemv.c's MAX_ROWS)
 BLOCK = 32
 
 
-class Q8Weights:
-    """One Q8_0 layer's values and scales in the 8-bit layout, and its bias."""
+class Int8Weights:
+    """One layer's int8 values and float scales in the 8-bit layout, and its bias."""
 
     def __init__(self, packed: Tensor, scales: Tensor, num_out: int, num_in: int,
                  bias: Tensor | None) -> None:  # fmt: skip
@@ -44,12 +45,20 @@ class Q8Weights:
         self.bias = None if bias is None else bias.detach().float().contiguous()
 
 
+class Q8Weights(Int8Weights):
+    """A Q8_0 layer's: a scale per 32 inputs (`GemvKernel.pack_q8`)."""
+
+
+class Q6Weights(Int8Weights):
+    """A Q6_K layer's: a scale per 16 inputs (`GemvKernel.pack_q6`)."""
+
+
 class GemvKernel:
-    """The loaded `q4_gemv`, `q8_gemv` and `pack_q8_q8`."""
+    """The loaded `q4_gemv`, `q8_gemv`, `q6_gemv` and `pack_q8_q8`."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
-        self._q4, self._q8 = library.q4_gemv, library.q8_gemv
-        for fn in (self._q4, self._q8):
+        self._q4, self._q8, self._q6 = library.q4_gemv, library.q8_gemv, library.q6_gemv
+        for fn in (self._q4, self._q8, self._q6):
             fn.restype = _INT
             fn.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _INT]
         self._pack_q8 = library.pack_q8_q8
@@ -63,17 +72,34 @@ class GemvKernel:
         num_out, num_in = values.shape
         return Q8Weights(packed, scales_offsets, num_out, num_in, bias)
 
-    def __call__(self, x: Tensor, weights: Q4Weights | Q8Weights) -> Tensor:
+    def pack_q6(self, values: Tensor, scales: Tensor, bias: Tensor | None = None) -> Q6Weights:
+        """values (N, K) in -32..31 and float scales (N, K / 16) of Q6_K weights (w = scale
+        value, `quant.q6_k_values`); K a multiple of 32. The Q8_0 layout with, beside each
+        block of 32 inputs, the 16 columns' scales of its first 16 inputs, then of the others."""
+        num_out, num_in = values.shape
+        if num_in % BLOCK or scales.shape != (num_out, num_in // 16):
+            raise ValueError(f"Q6_K weights {tuple(values.shape)} need one scale per 16")
+        # the Q8_0 layout's values; its scales and offsets are then overwritten
+        packed, scales_offsets = pack_q8_blocks(self._pack_q8, values, scales[:, ::2])
+        num_strips, num_blocks = -(-num_out // 16), num_in // BLOCK
+        halves = torch.zeros(num_strips * 16, num_blocks, 2)  # columns past N: scale 0
+        halves[:num_out] = scales.float().reshape(num_out, num_blocks, 2)
+        layout = scales_offsets.view(torch.float32).view(num_strips, num_blocks, 2, 16)
+        layout.copy_(halves.view(num_strips, 16, num_blocks, 2).permute(0, 2, 3, 1))
+        return Q6Weights(packed, scales_offsets, num_out, num_in, bias)
+
+    def __call__(self, x: Tensor, weights: Q4Weights | Int8Weights) -> Tensor:
         """x (rows <= MAX_ROWS, K) bfloat16, each row contiguous -> (rows, N) bfloat16."""
         if x.stride(-1) != 1 or x.stride(0) % 2:
             x = x.contiguous()
         y = torch.empty((x.shape[0], weights.num_out), dtype=torch.bfloat16)
         if x.shape[0] == 0:
             return y
-        is_q8 = isinstance(weights, Q8Weights)
-        status = (self._q8 if is_q8 else self._q4)(
+        is_q4 = isinstance(weights, Q4Weights)
+        gemv = self._q4 if is_q4 else self._q6 if isinstance(weights, Q6Weights) else self._q8
+        status = gemv(
             x.data_ptr(), x.stride(0), x.shape[0], weights.num_in, weights.packed.data_ptr(),
-            (weights.scales if is_q8 else weights.scales_zeros).data_ptr(),
+            (weights.scales_zeros if is_q4 else weights.scales).data_ptr(),
             None if weights.bias is None else weights.bias.data_ptr(), y.data_ptr(),
             weights.num_out, torch.get_num_threads(),
         )  # fmt: skip
@@ -106,15 +132,20 @@ def _probed(library: ctypes.CDLL) -> GemvKernel:
     scales, zeros = torch.full((40, 2), 0.5), torch.full((40, 2), 0.25)
     x = (torch.arange(3 * 64).remainder(7) - 3).view(3, 64).to(torch.bfloat16)
     values = (torch.arange(64 * 40).remainder(255) - 127).view(40, 64)
+    values6 = (torch.arange(64 * 40).remainder(61) - 32).view(40, 64)
+    scales6 = (torch.arange(40 * 4).remainder(5) + 1).view(40, 4) * 0.25  # each half its own
     q4 = Q4Kernel(library).pack(nibbles, scales, zeros)
     q8 = kernel.pack_q8(values, torch.full((40, 2), 0.25))
+    q6 = kernel.pack_q6(values6, scales6)
     try:
-        y4, y8 = kernel(x, q4), kernel(x, q8)
+        y4, y8, y6 = kernel(x, q4), kernel(x, q8), kernel(x, q6)
     except RuntimeError as error:
         raise RuntimeError("no AVX-512 BF16 on this CPU") from error
     expected4 = x.float() @ ((nibbles.float() - 8) * 0.5 + 0.25).t()
     expected8 = x.float() @ (values.float() * 0.25).t()
+    expected6 = x.float() @ (values6.float() * scales6.repeat_interleave(16, 1)).t()
     if not (torch.equal(y4, expected4.to(torch.bfloat16))
-            and torch.equal(y8, expected8.to(torch.bfloat16))):  # fmt: skip
+            and torch.equal(y8, expected8.to(torch.bfloat16))
+            and torch.equal(y6, expected6.to(torch.bfloat16))):  # fmt: skip
         raise RuntimeError("the few-row GEMV computed a wrong product")
     return kernel

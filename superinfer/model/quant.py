@@ -1,5 +1,6 @@
 """GGUF Q4_0, Q4_1, Q8_0 and Q4_K weights kept quantized on the CPU, multiplied by PyTorch's own
-int4 weight-only kernel (`aten._weight_int4pack_mm_for_cpu`, bfloat16 activations).
+int4 weight-only kernel (`aten._weight_int4pack_mm_for_cpu`, bfloat16 activations), and Q6_K
+weights multiplied by the few-row GEMV of `cpu_gemv` (below).
 
 The kernel computes w = (q - 8) * scale + zero for 4-bit q with one (scale, zero) per group
 of 32 inputs, which is GGUF's block of 32, so the blocks convert exactly (their fp16 scales
@@ -11,10 +12,18 @@ are then rounded to bfloat16, the kernel's dtype):
   w = (lo - 8) d + 8 d + (hi - 8) 16 d, two 4-bit planes side by side along the inputs
   (the input is repeated once), the same bytes as the int8 values;
 - Q4_K: super-blocks of 256 with fp16 d and dmin, and per block of 32 a 6-bit scale sc and
-  min m: w = d sc q - dmin m, so scale d sc, zero 8 d sc - dmin m (Q6_K, in blocks of 16,
-  does not fit: its layers are dequantized).
+  min m: w = d sc q - dmin m, so scale d sc, zero 8 d sc - dmin m.
 
-Fused projections (q/k/v, gate/up) concatenate their GGUF tensors' rows, which is exact.
+Q6_K (super-blocks of 256, fp16 d, an int8 scale sc per block of 16, 6-bit q: w = d sc
+(q - 32)) does not fit the groups of 32. Its layers (`Q6KLinear`: Q4_K_M files hold
+lm_head and some layers' ffn_down and attn_v as Q6_K) run steps of a few rows on the GEMV
+of `cpu_gemv`, over q - 32 as int8 and the float32 d sc (exact), and larger steps on the
+dense layer the loader built from the same weights; where that GEMV cannot run, and under
+`gguf-w4a8`, they stay dense (dequantized at load).
+
+Fused projections (q/k/v, gate/up) concatenate their GGUF tensors' rows, which is exact. A
+fused layer whose parts mix Q6_K with the other types (llama.cpp's Q4_K_M does so with
+attn_v) stays dense.
 
 Under `auto`, steps of a few rows run the few-row GEMV of `cpu_gemv` where it runs (the
 same function of the same weights, faster; the int4 kernel's copy is then freed). Steps of
@@ -42,7 +51,7 @@ from torch import Tensor, nn
 
 from superinfer.model.config import ModelConfig
 from superinfer.model.cpu_gemv import MAX_ROWS as GEMV_MAX_ROWS
-from superinfer.model.cpu_gemv import GemvKernel, Q8Weights, gemv_kernel
+from superinfer.model.cpu_gemv import GemvKernel, Q6Weights, Q8Weights, gemv_kernel
 from superinfer.model.cpu_q4 import Q4Weights, q4_kernel
 from superinfer.model.cpu_w4a8 import W4A8Kernel, W4A8Weights, w4a8_kernel
 
@@ -54,12 +63,14 @@ LM_HEAD_MAX_INT4_ROWS = 2
 # one from 6 (2.1 against 2.4 ms; docs/results/models/gemv_1205/)
 LM_HEAD_GEMV_MAX_ROWS = 4
 _DEQUANT_ROWS = 4096
-QUANT_TYPES = {
+Q6_K = GGMLQuantizationType.Q6_K
+INT4_TYPES = {  # run as the int4 kernel's planes (`int4_planes`)
     GGMLQuantizationType.Q4_0: "Q4_0",
     GGMLQuantizationType.Q4_1: "Q4_1",
     GGMLQuantizationType.Q8_0: "Q8_0",
     GGMLQuantizationType.Q4_K: "Q4_K",
 }
+QUANT_TYPES = {**INT4_TYPES, Q6_K: "Q6_K"}  # Q6_K: on the GEMV only (`Q6KLinear`)
 Planes = tuple[Tensor, Tensor, Tensor]  # nibbles (N, K'), scales and zeros (N, K' / 32)
 
 
@@ -168,6 +179,34 @@ class Int4Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, {small}{more}"
 
 
+class Q6KLinear(nn.Module):
+    """A frozen linear layer over GGUF Q6_K weights: steps of up to `max_gemv_rows` rows run
+    the few-row GEMV of `cpu_gemv` over `weights` (`q6_k_values`, bias included), larger
+    steps `dense`, a layer holding the same weights dequantized (the loader's own, tied to
+    the embedding for a tied lm_head)."""
+
+    def __init__(
+        self, kernel: GemvKernel, weights: Q6Weights, dense: nn.Module, max_gemv_rows: int
+    ) -> None:
+        super().__init__()
+        if max_gemv_rows > GEMV_MAX_ROWS:
+            raise ValueError(f"the GEMV takes at most {GEMV_MAX_ROWS} rows")
+        self.gemv, self.weights, self.dense = kernel, weights, dense
+        self.max_gemv_rows = max_gemv_rows  # a plain attribute: read on every call
+        self.in_features, self.out_features = weights.num_in, weights.num_out
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.shape[0] > self.max_gemv_rows:
+            return self.dense(x)
+        if x.dtype == torch.bfloat16:
+            return self.gemv(x, self.weights)
+        return self.gemv(x.to(torch.bfloat16), self.weights).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, Q6_K GEMV "
+                f"up to {self.max_gemv_rows} rows")  # fmt: skip
+
+
 class Q8Embedding(nn.Module):
     """A frozen embedding table kept as its GGUF Q8_0 blocks (int8 values, one scale per 32):
     a lookup dequantizes only the rows it reads, to the values the dense table would hold
@@ -247,6 +286,26 @@ def rows_planes(raw: np.ndarray, kind: GGMLQuantizationType) -> Planes:
     return tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in (nibbles, scales, zeros))
 
 
+def q6_k_values(tensor: ReaderTensor) -> tuple[Tensor, Tensor]:
+    """(values (N, K) int8 in -32..31, scales (N, K / 16) float32) of a Q6_K tensor, whose
+    product in float32 is gguf's dequantization. Its rows are 210-byte super-blocks of 256
+    weights: 128 bytes of low nibbles (ql), 64 of high bit pairs (qh), 16 int8 scales sc and
+    an fp16 d (scale d sc). In each half h of 128 weights, weight 32 i + j (i in 0..3) has its
+    low 4 bits in nibble i // 2 of ql[64 h + 32 (i % 2) + j], its high 2 in bits 2 i of
+    qh[32 h + j]."""
+    num_rows = int(tensor.shape[-1])
+    blocks = np.asarray(tensor.data).reshape(-1, 210)
+    ql = blocks[:, :128].reshape(-1, 2, 1, 64)
+    low = np.concatenate([ql & 15, ql >> 4], 2).reshape(-1, 2, 128)
+    shifts = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
+    high = (blocks[:, 128:192].reshape(-1, 2, 1, 32) >> shifts) & 3  # (n, 2, 4, 32)
+    values = (low | (high.reshape(-1, 2, 128) << 4)).view(np.int8) - np.int8(32)
+    d = blocks[:, 208:].copy().view(np.float16).astype(np.float32)  # (n, 1)
+    scales = d * blocks[:, 192:208].view(np.int8).astype(np.float32)  # as gguf computes it
+    out = (values.reshape(num_rows, -1), scales.reshape(num_rows, -1))
+    return tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in out)
+
+
 def _q4_k_planes(raw: np.ndarray) -> tuple[Tensor, Tensor, Tensor]:
     """`int4_planes` of a Q4_K tensor's rows of 144-byte super-blocks: fp16 d and dmin,
     12 bytes of 6-bit scales and mins (gguf's `Q4_K.get_scale_min` unpacks them), then 128
@@ -285,23 +344,37 @@ def quantize_linears(
     is_w4a8: bool = False,
 ) -> list[str]:
     """Swap the model's linear layers whose GGUF tensors are all Q4_0, Q4_1, Q8_0 or Q4_K (the
-    same planes' width) for Int4Linear (`swap_int4_linears`); returns the names swapped.
-    Call it after the weights are loaded (biases and tied embeddings are taken from the
-    model)."""
+    same planes' width) for Int4Linear (`swap_int4_linears`), and those whose tensors are all
+    Q6_K for Q6KLinear where the GEMV runs (`swap_q6_k_linears`; not under `is_w4a8`); returns
+    the names swapped. Call it after the weights are loaded (biases, tied embeddings and the
+    Q6_K layers' dense weights are taken from the model)."""
     config = model.config
     is_fused = "blk.0.attn_qkv.weight" in tensors
     sources = {"lm_head": ("output" if "output.weight" in tensors else "token_embd",)}
     for i in range(config.num_layers):
         for module, parts in (_FUSED_LAYER_SOURCES if is_fused else _LAYER_SOURCES).items():
             sources[f"model.layers.{i}.{module}"] = tuple(f"blk.{i}.{p}" for p in parts)
-    planes = {}
+    gemv = None if is_w4a8 else gemv_kernel()
+    planes, q6 = {}, {}
     for name, parts in sources.items():
         found = [tensors.get(f"{p}.weight") for p in parts]
-        if all(t is not None and t.tensor_type in QUANT_TYPES for t in found):
-            planes[name] = [int4_planes(t) for t in found]
-            if is_fused and len(found) == 1 and name.endswith(("qkv_proj", "gate_up_proj")):
-                planes[name] = _split_rows(planes[name][0], _part_rows(config, name))
-    return swap_int4_linears(model, planes, interleaved_qk, max_int4_rows, is_w4a8)
+        if any(t is None for t in found):
+            continue
+        kinds = {t.tensor_type for t in found}
+        if kinds <= INT4_TYPES.keys():
+            chosen, unpack = planes, int4_planes
+        elif kinds == {Q6_K} and gemv is not None:
+            chosen, unpack = q6, q6_k_values
+        else:
+            continue
+        chosen[name] = [unpack(t) for t in found]
+        if is_fused and len(found) == 1 and name.endswith(("qkv_proj", "gate_up_proj")):
+            chosen[name] = _split_rows(chosen[name][0], _part_rows(config, name))
+    swapped = swap_int4_linears(model, planes, interleaved_qk, max_int4_rows, is_w4a8)
+    if q6:
+        rows = GEMV_MAX_ROWS if max_int4_rows is None else min(max_int4_rows, GEMV_MAX_ROWS)
+        swapped += swap_q6_k_linears(model, q6, interleaved_qk, gemv, rows)
+    return swapped
 
 
 def _part_rows(config: ModelConfig, name: str) -> list[int]:
@@ -312,8 +385,9 @@ def _part_rows(config: ModelConfig, name: str) -> list[int]:
     return [config.intermediate_size] * 2
 
 
-def _split_rows(planes: Planes, sizes: list[int]) -> list[Planes]:
-    """One fused tensor's planes as its parts' (so q/k rows can be reordered for RoPE)."""
+def _split_rows(planes: tuple[Tensor, ...], sizes: list[int]) -> list[tuple[Tensor, ...]]:
+    """One fused tensor's planes (or Q6_K values and scales) as its parts' (so q/k rows can
+    be reordered for RoPE)."""
     return [tuple(parts) for parts in zip(*(p.split(sizes) for p in planes))]
 
 
@@ -407,6 +481,34 @@ def _keep_larger_steps(
         elif int4.num_planes == 2:
             int4.keep_gemv(gemv, gemv.pack_planes(fused[0], fused[1], int4.in_features,
                                                   int4.bias))  # fmt: skip
+
+
+def swap_q6_k_linears(
+    model: nn.Module,
+    values: dict[str, list[tuple[Tensor, Tensor]]],
+    interleaved_qk: bool,
+    kernel: GemvKernel,
+    max_gemv_rows: int,
+) -> list[str]:
+    """Swap each linear layer named in `values` for a Q6KLinear over its parts' Q6_K values
+    and scales (`q6_k_values`; concatenated and reordered as `swap_int4_linears` does) that
+    runs steps of up to `max_gemv_rows` rows (lm_head: LM_HEAD_GEMV_MAX_ROWS, as for Q8_0)
+    on `kernel` and larger ones on the layer itself; returns the names swapped."""
+    head_dim = model.config.head_dim
+    swapped = []
+    for name, parts in values.items():
+        linear = model.get_submodule(name)
+        if not isinstance(linear, nn.Linear) or max_gemv_rows < 1:
+            continue
+        if not interleaved_qk and name.endswith("qkv_proj"):
+            parts = [_interleave(p, head_dim) for p in parts[:2]] + list(parts[2:])
+        q, scales = (torch.cat([p[i] for p in parts]) for i in range(2))
+        rows = min(max_gemv_rows, LM_HEAD_GEMV_MAX_ROWS) if name == "lm_head" else max_gemv_rows
+        layer = Q6KLinear(kernel, kernel.pack_q6(q, scales, linear.bias), linear, rows)
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent), child, layer)
+        swapped.append(name)
+    return swapped
 
 
 def _w4a8_kernel() -> W4A8Kernel:

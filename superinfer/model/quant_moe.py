@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from superinfer.model.config import ModelConfig
 from superinfer.model.moe import MoE
-from superinfer.model.quant import QUANT_TYPES, Int4Linear, int4_linear, rows_planes
+from superinfer.model.quant import INT4_TYPES, Int4Linear, int4_linear, rows_planes
 
 # a projection: one Int4Linear per expert, or the experts' stacked float weights (E, N, K)
 Projection = nn.ModuleList | nn.Parameter
@@ -94,7 +94,7 @@ def quantized_expert_tensors(tensors: Mapping[str, ReaderTensor], config: ModelC
 
 
 def _quantizable(found: list[ReaderTensor | None]) -> bool:
-    if not all(t is not None and t.tensor_type in QUANT_TYPES for t in found):
+    if not all(t is not None and t.tensor_type in INT4_TYPES for t in found):
         return False
     return len({t.tensor_type == GGMLQuantizationType.Q8_0 for t in found}) == 1  # one width
 

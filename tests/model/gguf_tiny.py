@@ -3,7 +3,7 @@ named and laid out as llama.cpp's converter does (q/k rows permuted for Llama)."
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +31,7 @@ _NORM_SHIFT = {"gemma2": 1.0, "gemma3": 1.0}
 
 
 Q4_K = GGMLQuantizationType.Q4_K
+Q6_K = GGMLQuantizationType.Q6_K
 
 
 def quantize_q4_k(data: np.ndarray) -> np.ndarray:
@@ -60,6 +61,54 @@ def quantize_q4_k(data: np.ndarray) -> np.ndarray:
     qs = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(-1, 128)
     blocks = np.concatenate([d.view(np.uint8), dmin.view(np.uint8), scales, qs], 1)
     return blocks.reshape(num_rows, -1)
+
+
+def q6_k_quants(data: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(N, K) float32 -> Q6_K's numbers per super-block of 256: d (n, 1) fp16, scales sc
+    (n, 16) int8, values q (n, 256) in 0..63, w = d sc (q - 32). Each block of 16 takes the
+    step max |x| / 31, rounded up to a multiple of d = the largest step / 127: |x| / (d sc)
+    stays within 31 (its fp16 rounding aside), so nothing is clipped and the error is at
+    most half a step (not llama.cpp's error search)."""
+    x = data.astype(np.float32).reshape(-1, 16, 16)  # (super-blocks, blocks, 16)
+    step = np.abs(x).max(-1) / 31
+    d = (step.max(-1, keepdims=True) / 127).astype(np.float16)
+    d32 = d.astype(np.float32)
+    sc = np.minimum(np.ceil(np.divide(step, d32, out=np.zeros_like(step), where=d32 > 0)), 127)
+    scale = (d32 * sc)[..., None]
+    q = np.divide(x, scale, out=np.zeros_like(x), where=scale > 0)
+    q = np.clip(np.round(q), -32, 31) + 32
+    return d, sc.astype(np.int8), q.astype(np.uint8).reshape(-1, 256)
+
+
+def pack_q6_k(d: np.ndarray, sc: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """`q6_k_quants`' numbers as llama.cpp's block_q6_K, 210 bytes a super-block: ql (128
+    bytes: in each half of 128 weights, weight 32 i + j's low 4 bits in nibble i // 2 of
+    byte 64 h + 32 (i % 2) + j), qh (64: its high 2 bits in bits 2 i of byte 32 h + j),
+    the 16 int8 scales, fp16 d."""
+    halves = q.reshape(-1, 2, 4, 32)  # (n, h, i, j)
+    low, high = halves & 15, halves >> 4
+    ql = low[:, :, :2].reshape(-1, 2, 64) | (low[:, :, 2:].reshape(-1, 2, 64) << 4)
+    qh = high[:, :, 0] | (high[:, :, 1] << 2) | (high[:, :, 2] << 4) | (high[:, :, 3] << 6)
+    parts = [ql.reshape(-1, 128), qh.reshape(-1, 64), sc.view(np.uint8), d.view(np.uint8)]
+    return np.concatenate(parts, 1)
+
+
+def quantize_q6_k(data: np.ndarray) -> np.ndarray:
+    """(N, K) float32 -> (N, K / 256 * 210) bytes of Q6_K super-blocks (gguf-py reads them
+    but does not write them)."""
+    return pack_q6_k(*q6_k_quants(data)).reshape(data.shape[0], -1)
+
+
+def q4_k_m_types(num_layers: int, is_tied: bool) -> dict[str, GGMLQuantizationType]:
+    """The tensors llama.cpp's Q4_K_M writes as Q6_K (the others Q4_K), for `write_gguf`'s
+    `types`: the output head (the embedding where it is tied), and attn_v and ffn_down of
+    its `use_more_bits` layers (the first and last eighth, every third between)."""
+    types = {"token_embd.weight" if is_tied else "output.weight": Q6_K}
+    eighth = num_layers // 8
+    for i in range(num_layers):
+        if i < eighth or i >= 7 * num_layers // 8 or (i - eighth) % 3 == 2:
+            types[f"blk.{i}.attn_v.weight"] = types[f"blk.{i}.ffn_down.weight"] = Q6_K
+    return types
 
 
 def tiny_gemma3_gguf_config(vocab_size: int = 128):
@@ -122,11 +171,12 @@ def write_gguf(
     qtype: GGMLQuantizationType,
     configure: Callable[[GGUFWriter], None] | None = None,
     expert_qtype: GGMLQuantizationType = GGMLQuantizationType.F32,
+    types: Mapping[str, GGMLQuantizationType] | None = None,
 ) -> Path:
-    """Matrices in `qtype` (F32 for the rest), as llama.cpp would convert `model`;
-    `configure` may add metadata (a tokenizer, for llama.cpp) before the file is written.
-    The stacked experts are in `expert_qtype`, each projection whose rows do not divide
-    into its blocks in F32."""
+    """Matrices in `qtype` (F32 for the rest), as llama.cpp would convert `model`, but those
+    `types` names (GGUF names: `q4_k_m_types`) in their own; `configure` may add metadata
+    (a tokenizer, for llama.cpp) before the file is written. The stacked experts are in
+    `expert_qtype`, each projection whose rows do not divide into its blocks in F32."""
     c = model.config
     writer = GGUFWriter(str(path), arch)
     if configure is not None:
@@ -176,8 +226,8 @@ def write_gguf(
         if name.endswith("norm.weight"):
             data = data + _NORM_SHIFT.get(arch, 0.0)
         if data.ndim == 2:
-            blocks = quantize_q4_k(data) if qtype == Q4_K else quantize(data, qtype)
-            writer.add_tensor(gguf_name(name, arch), blocks, raw_dtype=qtype)
+            kind = (types or {}).get(gguf_name(name, arch), qtype)
+            writer.add_tensor(gguf_name(name, arch), _quantized(data, kind), raw_dtype=kind)
         else:
             writer.add_tensor(gguf_name(name, arch), np.ascontiguousarray(data))
     writer.write_header_to_file()
@@ -194,9 +244,12 @@ def _add_stacked(writer: GGUFWriter, name: str, data: np.ndarray, qtype) -> None
     if qtype == GGMLQuantizationType.F32 or data.shape[-1] % block:
         writer.add_tensor(name, data)
         return
-    if qtype == Q4_K:
-        flat = quantize_q4_k(data.reshape(-1, data.shape[-1]))
-        blocks = flat.reshape(*data.shape[:2], -1)
-    else:
-        blocks = quantize(data, qtype)
+    flat = _quantized(data.reshape(-1, data.shape[-1]), qtype)
+    blocks = flat.reshape(*data.shape[:2], -1)
     writer.add_tensor(name, blocks, raw_dtype=qtype)
+
+
+def _quantized(data: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
+    """A matrix's GGUF bytes: the types gguf-py cannot write by this module's packers."""
+    packers = {Q4_K: quantize_q4_k, Q6_K: quantize_q6_k}
+    return packers[qtype](data) if qtype in packers else quantize(data, qtype)

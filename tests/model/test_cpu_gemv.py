@@ -1,4 +1,5 @@
-"""The few-row GEMV (`csrc/q_gemv.c`) against float64 products of the weights it reads."""
+"""The few-row GEMV (`csrc/q_gemv.c`; 4-bit, Q8_0 and Q6_K weights) against float64 products
+of the weights it reads."""
 
 from __future__ import annotations
 
@@ -61,6 +62,26 @@ def test_q8_products_match_float64(num_rows, has_bias) -> None:
     assert_rounded_from(gemv_kernel()(x, weights), exact + (0 if bias is None else bias.double()))
 
 
+def random_q6(num_out: int, num_in: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q6_K-like values in -32..31 and float scales, one per 16 inputs (some negative)."""
+    g = torch.Generator().manual_seed(seed)
+    values = torch.randint(-32, 32, (num_out, num_in), generator=g)
+    return values, (torch.rand(num_out, num_in // 16, generator=g) - 0.2) * 0.01
+
+
+@pytest.mark.parametrize("num_rows", range(1, MAX_ROWS + 1))
+@pytest.mark.parametrize("has_bias", [False, True])
+def test_q6_products_match_float64(num_rows, has_bias) -> None:
+    """Each half of a block of 32 inputs is multiplied by its own scale."""
+    num_out, num_in = 37, 160  # two strips of 16 columns and a partial one; 5 blocks
+    values, scales = random_q6(num_out, num_in, seed=num_rows)
+    bias = torch.randn(num_out) if has_bias else None
+    weights = gemv_kernel().pack_q6(values, scales, bias)
+    x = rows(num_rows, num_in, seed=num_rows)
+    exact = x.double() @ (values.double() * scales.double().repeat_interleave(16, 1)).t()
+    assert_rounded_from(gemv_kernel()(x, weights), exact + (0 if bias is None else bias.double()))
+
+
 def test_a_rows_result_does_not_depend_on_the_rows_beside_it() -> None:
     """A request's tokens must not change with the batch it shares a step with."""
     nibbles, scales, zeros = random_q4(64, 192, seed=7)
@@ -68,8 +89,9 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it() -> None:
     g = torch.Generator().manual_seed(7)
     q8 = gemv_kernel().pack_q8(torch.randint(-128, 128, (64, 192), generator=g),
                                torch.rand(64, 6, generator=g))  # fmt: skip
+    q6 = gemv_kernel().pack_q6(*random_q6(64, 192, seed=7))
     x = rows(MAX_ROWS, 192, seed=7)
-    for weights in (q4, q8):
+    for weights in (q4, q8, q6):
         together = gemv_kernel()(x, weights)
         for i in range(MAX_ROWS):
             assert torch.equal(gemv_kernel()(x[i : i + 1], weights), together[i : i + 1])
@@ -97,4 +119,6 @@ def test_too_many_rows_and_odd_shapes_are_refused() -> None:
         gemv_kernel()(rows(MAX_ROWS + 1, 64, seed=0), weights)
     with pytest.raises(ValueError, match="one scale per 32"):
         gemv_kernel().pack_q8(torch.zeros(8, 48, dtype=torch.int8), torch.ones(8, 1))
+    with pytest.raises(ValueError, match="one scale per 16"):
+        gemv_kernel().pack_q6(torch.zeros(8, 64, dtype=torch.int8), torch.ones(8, 2))
     assert gemv_kernel()(rows(0, 64, seed=0), weights).shape == (0, 16)

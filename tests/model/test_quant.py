@@ -1,28 +1,40 @@
-"""GGUF Q4_0, Q4_1, Q8_0 and Q4_K kept quantized (int4 kernel) against the same file
-dequantized, and GGUF round trips of Llama and Qwen3 against transformers."""
+"""GGUF Q4_0, Q4_1, Q8_0 and Q4_K kept quantized (int4 kernel), and Q6_K (the few-row GEMV),
+against the same file dequantized, and GGUF round trips of Llama and Qwen3 against
+transformers."""
 
 from __future__ import annotations
 
+import functools
+
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
-from transformers import AutoModelForCausalLM, LlamaConfig
+from torch import nn
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
+from superinfer.model.cpu_gemv import MAX_ROWS as GEMV_MAX_ROWS
 from superinfer.model.cpu_gemv import gemv_kernel
 from superinfer.model.cpu_q4 import q4_kernel
+from superinfer.model.cpu_w4a8 import w4a8_kernel
 from superinfer.model.loader import load_gguf_model
 from superinfer.model.quant import (
     LM_HEAD_GEMV_MAX_ROWS,
     LM_HEAD_MAX_INT4_ROWS,
     Int4Linear,
+    Q6KLinear,
     Q8Embedding,
     int4_kernel_available,
     int4_planes,
+    q6_k_values,
 )
 from tests.model.gguf_tiny import (
+    q4_k_m_types,
+    q6_k_quants,
     quantize_q4_k,
+    quantize_q6_k,
     tiny_gemma2_gguf_config,
     tiny_gemma3_gguf_config,
     tiny_qwen3_moe_gguf_config,
@@ -32,8 +44,13 @@ from tests.model.paged import PagedRun
 from tests.model.tiny import PROMPT, TINY, save_tiny, tiny_configs
 
 CPU = torch.device("cpu")
+Q6_K = GGMLQuantizationType.Q6_K
 QTYPES = [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0]
 needs_kernel = pytest.mark.skipif(not int4_kernel_available(), reason="no int4 CPU kernel")
+needs_gemv = pytest.mark.skipif(not int4_kernel_available() or gemv_kernel() is None,
+                                reason="no int4 CPU kernel or no AVX-512 BF16 GEMV")  # fmt: skip
+# hidden and intermediate sizes that divide into K-quants' super-blocks of 256
+K_QUANT_SIZES = {"hidden_size": 256, "intermediate_size": 512}
 
 
 @pytest.fixture(scope="module")
@@ -239,3 +256,177 @@ def test_q4_k_runs_quantized_and_agrees_with_the_dequantized_file(tmp_path) -> N
     logits = [r.step([(r.add(PROMPT), len(PROMPT))], all_logits=True) for r in runs]
     assert torch.cosine_similarity(logits[0], logits[1], dim=-1).min() > 0.999
     assert (logits[0].argmax(-1) == logits[1].argmax(-1)).float().mean() >= 0.9
+
+
+def _one_tensor_file(path, blocks, qtype) -> GGUFReader:
+    from gguf import GGUFWriter
+
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_tensor("w", blocks, raw_dtype=qtype)
+    writer.write_header_to_file(), writer.write_kv_data_to_file()
+    writer.write_tensors_to_file(), writer.close()
+    return GGUFReader(str(path))
+
+
+def test_q6_k_packer_round_trips_through_gguf_s_dequantizer(tmp_path) -> None:
+    """Tests' Q6_K writer, read back by gguf-py: its own numbers exactly, the weights within
+    half a step of their block of 16."""
+    weight = np.random.default_rng(0).standard_normal((96, 512)).astype(np.float32) * 0.2
+    weight[3, :16] = 0  # a block of zeros (scale 0), and a whole super-block of them
+    weight[4, :256] = 0
+    (tensor,) = _one_tensor_file(tmp_path / "w.gguf", quantize_q6_k(weight), Q6_K).tensors
+    read = dequantize(tensor.data, Q6_K).reshape(96, 512)
+    d, sc, q = q6_k_quants(weight)
+    step = (d.astype(np.float32) * sc.astype(np.float32))[..., None]  # (n, 16, 1)
+    own = (step * (q.reshape(-1, 16, 16).astype(np.float32) - 32)).reshape(96, 512)
+    assert np.array_equal(read, own)
+    half_step = np.broadcast_to(step / 2, (step.shape[0], 16, 16)).reshape(96, 512)
+    assert (np.abs(read - weight) <= half_step * (1 + 2**-20)).all()
+    assert (read[3, :16] == 0).all() and (read[4, :256] == 0).all()
+
+
+def test_q6_k_values_reproduce_gguf_s_dequantization(tmp_path) -> None:
+    """scale * value in float32 is gguf-py's own dequantization, bit for bit."""
+    weight = np.random.default_rng(1).standard_normal((40, 768)).astype(np.float32)
+    (tensor,) = _one_tensor_file(tmp_path / "w.gguf", quantize_q6_k(weight), Q6_K).tensors
+    values, scales = q6_k_values(tensor)
+    assert values.dtype == torch.int8 and values.shape == (40, 768) and scales.shape == (40, 48)
+    assert values.min() >= -32 and values.max() <= 31
+    rebuilt = scales.repeat_interleave(16, 1) * values.float()
+    assert torch.equal(rebuilt, torch.from_numpy(dequantize(tensor.data, Q6_K)).view(40, 768))
+
+
+def _k_quant_model(tmp_path, config):
+    """save_tiny's model, but its norms' weights 1 (not 0.15 at random): logits of a few
+    units, whose top two rarely tie (with hidden size 256, they were within 0.3)."""
+    directory = save_tiny(tmp_path / "hf", config, seed=5)
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+    return model
+
+
+@pytest.fixture(scope="module")
+def q4_k_m_file(tmp_path_factory):
+    """A Llama as llama.cpp's Q4_K_M writes it: Q4_K, but Q6_K for output.weight and, in
+    layer 1, for attn_v (its fused q/k/v then mixes types) and ffn_down."""
+    tmp_path = tmp_path_factory.mktemp("q4_k_m")
+    hf = _k_quant_model(tmp_path, LlamaConfig(**{**TINY, **K_QUANT_SIZES}))
+    types = q4_k_m_types(TINY["num_hidden_layers"], is_tied=False)
+    assert types == {"output.weight": Q6_K, "blk.1.attn_v.weight": Q6_K,
+                     "blk.1.ffn_down.weight": Q6_K}  # fmt: skip
+    return write_gguf(hf, tmp_path / "q4_k_m.gguf", "llama", GGMLQuantizationType.Q4_K,
+                      types=types)  # fmt: skip
+
+
+def _assert_gemv_rows_match_the_dense_layer(layer: Q6KLinear, seed: int) -> None:
+    """Up to max_gemv_rows rows: the GEMV of the exact weights, rounded once, against the
+    dense layer's bfloat16 weights (each rounded, at most 2^-9 of |w x| a product) and its
+    rounded output; more rows: the dense layer itself."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(layer.max_gemv_rows + 3, layer.in_features, generator=g).to(torch.bfloat16)
+    small = x[: layer.max_gemv_rows]
+    with torch.inference_mode():
+        got, dense = layer(small).float(), layer.dense(small).float()
+        assert torch.equal(layer(x), layer.dense(x))
+        bound = (small.float().abs() @ layer.dense.weight.float().abs().t()) * 2**-8
+    assert layer.gemv is not None and got.shape == dense.shape
+    assert ((got - dense).abs() <= bound + dense.abs() * 2**-7 + 1e-6).all()
+    assert (got != dense).any()  # the GEMV ran, not the dense layer
+
+
+@needs_gemv
+def test_q4_k_m_file_runs_its_q6_k_layers_on_the_gemv(q4_k_m_file) -> None:
+    """lm_head and layer 1's ffn_down (all Q6_K) run the GEMV; layer 1's q/k/v (Q4_K and
+    Q6_K) stays dense; the other layers are Q4_K; under `none` nothing is swapped, and
+    under gguf-w4a8 the Q6_K layers stay dense."""
+    auto, info = load_gguf_model(str(q4_k_m_file), torch.bfloat16, CPU, "auto")
+    assert info.num_quantized_linears == 4 * TINY["num_hidden_layers"] + 1 - 1
+    assert isinstance(auto.lm_head, Q6KLinear) and auto.lm_head.max_gemv_rows == (
+        LM_HEAD_GEMV_MAX_ROWS)  # fmt: skip
+    layers = auto.model.layers
+    assert isinstance(layers[1].mlp.down_proj, Q6KLinear)
+    assert layers[1].mlp.down_proj.max_gemv_rows == GEMV_MAX_ROWS
+    assert type(layers[1].self_attn.qkv_proj) is nn.Linear
+    assert isinstance(layers[0].mlp.down_proj, Int4Linear)
+    assert isinstance(layers[1].mlp.gate_up_proj, Int4Linear)
+    for seed, layer in enumerate([auto.lm_head, layers[1].mlp.down_proj]):
+        _assert_gemv_rows_match_the_dense_layer(layer, seed)
+    dense, info = load_gguf_model(str(q4_k_m_file), torch.bfloat16, CPU, "none")
+    assert info.num_quantized_linears == 0
+    assert not any(isinstance(m, (Q6KLinear, Int4Linear)) for m in dense.modules())
+    if w4a8_kernel() is not None:
+        w4a8, _ = load_gguf_model(str(q4_k_m_file), torch.bfloat16, CPU, "gguf-w4a8")
+        assert type(w4a8.lm_head) is nn.Linear and isinstance(w4a8.model.layers[0].mlp.down_proj,
+                                                              Int4Linear)  # fmt: skip
+        assert not any(isinstance(m, Q6KLinear) for m in w4a8.modules())
+
+
+def _greedy(model, num_steps: int) -> tuple[list[int], list[torch.Tensor]]:
+    """PagedRun.greedy's tokens, and the logits each was picked from."""
+    run = PagedRun(model, 16, 4)
+    seq = run.add(PROMPT)
+    logits, tokens, seen = run.step([(seq, len(PROMPT))])[0], [], []
+    for _ in range(num_steps):
+        seen.append(logits)
+        tokens.append(int(logits.argmax()))
+        run.tokens[seq].append(tokens[-1])
+        logits = run.step([(seq, 1)])[0]
+    return tokens, seen
+
+
+def _q6_k_kept_dense(model: nn.Module) -> nn.Module:
+    """`model` with each Q6KLinear replaced by its dense layer: Q6_K dequantized, as before."""
+    for name, module in list(model.named_modules()):
+        if isinstance(module, Q6KLinear):
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent), child, module.dense)
+    return model
+
+
+@needs_gemv
+def test_q4_k_m_greedy_tokens_under_auto_are_those_of_the_dequantized_file(q4_k_m_file) -> None:
+    """24 decode steps (lm_head and the Q6_K ffn_down on the GEMV) pick the tokens of the
+    bfloat16 dequantized model, but where that model's top two logits nearly tie. The
+    logits span about +-7: the Q4_K layers (their scales and zeros rounded to bfloat16)
+    move them by up to 0.42, the Q6_K layers on the GEMV by a bfloat16 step of them."""
+    load = functools.partial(load_gguf_model, str(q4_k_m_file), torch.bfloat16, CPU)
+    models = {"none": load("none")[0], "auto": load("auto")[0],
+              "auto, Q6_K dense": _q6_k_kept_dense(load("auto")[0])}  # fmt: skip
+    runs = {name: _greedy(model, 24) for name, model in models.items()}
+    (expected, reference), (tokens, logits) = runs["none"], runs["auto"]
+    step = next((i for i, (a, b) in enumerate(zip(expected, tokens)) if a != b), len(tokens))
+    for ref, got in zip(reference[: step + 1], logits):  # the same tokens so far
+        assert (got - ref).abs().max() < 0.1 * ref.abs().max()
+    if step < len(tokens):
+        top2 = reference[step].topk(2).values
+        assert float(top2[0] - top2[1]) < 0.5, f"parted at step {step}"
+    assert len(set(expected)) > 8  # not one token over and over
+    dense_tokens, dense_logits = runs["auto, Q6_K dense"]
+    assert dense_tokens == tokens
+    for dense, got in zip(dense_logits, logits):
+        assert (got - dense).abs().max() <= 2**-7 * dense.abs().max()
+
+
+@needs_gemv
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_q6_k_layers_and_tied_head_run_on_the_gemv(arch, tmp_path) -> None:
+    """A file of Q6_K matrices only: every linear layer runs the GEMV, q/k rows in the
+    model's order (Llama's are permuted in the file); Qwen3's lm_head is its Q6_K
+    embedding (no output.weight), whose lookup stays dense and whose table the GEMV
+    head's larger steps share."""
+    sizes = {**TINY, **K_QUANT_SIZES}
+    config = (LlamaConfig(**sizes) if arch == "llama"
+              else Qwen3Config(**sizes, head_dim=64, tie_word_embeddings=True))  # fmt: skip
+    path = write_gguf(_k_quant_model(tmp_path, config), tmp_path / "q6k.gguf", arch, Q6_K)
+    for quantization in ("auto", "gguf"):
+        model, info = load_gguf_model(str(path), torch.bfloat16, CPU, quantization)
+        swapped = [m for m in model.modules() if isinstance(m, Q6KLinear)]
+        assert info.num_quantized_linears == len(swapped) == 4 * TINY["num_hidden_layers"] + 1
+        for seed, layer in enumerate(swapped):
+            _assert_gemv_rows_match_the_dense_layer(layer, seed)
+    if arch == "qwen3":
+        head, table = model.lm_head, model.model.embed_tokens
+        assert type(table) is nn.Embedding and head.dense.weight is table.weight

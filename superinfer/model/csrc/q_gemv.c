@@ -1,6 +1,6 @@
 /* A linear layer over GGUF weights for the few rows of a decode step (CPU), in bfloat16
  * activations and float sums: the layouts of q4_linear.c (4-bit) and q4_q8_linear.c
- * (Q8_0), so no weights are kept twice.
+ * (Q8_0, and Q6_K in it), so no weights are kept twice.
  *
  * Built with the other kernels by superinfer/model/cpu_kernels.py and called through
  * ctypes (superinfer/model/cpu_q4.py, superinfer/model/cpu_w4a8.py). A step of one
@@ -12,6 +12,11 @@
  *
  *   sum_k w_k x_k = scale sum_k (q_k - 8) x_k + zero sum_k x_k       (4-bit)
  *   sum_k w_k x_k = d sum_k q_k x_k                                  (Q8_0, in float)
+ *   sum_k w_k x_k = d_0 sum_{k<16} q_k x_k + d_1 sum_{k>=16} q_k x_k  (Q6_K, in float)
+ *
+ * Q6_K weights (w = d sc (q - 32), a scale per 16 inputs) use the Q8_0 layout with q - 32
+ * as the int8 values and, beside each block, the 16 columns' float d sc of inputs 0..15
+ * then of inputs 16..31, where Q8_0 has its scales and offsets.
  *
  * Every product is exact in float; sums are float. It is the same function of the same
  * weights as PyTorch's int4 kernel (bfloat16 scales and zeros) and as the dequantized
@@ -84,13 +89,27 @@ static inline __attribute__((always_inline)) void q4_strip(
     }
 }
 
-/* The same for Q8_0 weights (16 columns): x as float rows (num_in apart). */
+/* acc[r] += d * (the four chains of sums[r]), for num_rows rows; the chains restart at 0. */
+static inline __attribute__((always_inline)) void add_scaled(
+    __m512 sums[ROW_TILE][4], const __m512 d, __m512 acc[ROW_TILE], const int num_rows) {
+    for (int r = 0; r < num_rows; r++) {
+        const __m512 s = _mm512_add_ps(_mm512_add_ps(sums[r][0], sums[r][1]),
+                                       _mm512_add_ps(sums[r][2], sums[r][3]));
+        acc[r] = _mm512_fmadd_ps(s, d, acc[r]);
+        for (int j = 0; j < 4; j++) sums[r][j] = _mm512_setzero_ps();
+    }
+}
+
+/* The same for 8-bit weights (16 columns): x as float rows (num_in apart). is_q6 (a
+ * constant where it is inlined) picks the scales: one per block (Q8_0), or one per half of
+ * it (Q6_K), each applied to its own half's sums. */
 static inline __attribute__((always_inline)) void q8_strip(
     const float *xf, int64_t num_in, int64_t num_blocks, const int8_t *packed,
-    const char *scales_offsets, __m512 acc[ROW_TILE], const int num_rows) {
+    const char *scales_offsets, __m512 acc[ROW_TILE], const int num_rows, const int is_q6) {
     for (int r = 0; r < num_rows; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < num_blocks; b++) {
         const int8_t *w = packed + b * 512;
+        const float *d = (const float *)(const void *)(scales_offsets + b * 128);
         __m512 sums[ROW_TILE][4]; /* one per input of a run: four chains a row */
         for (int r = 0; r < num_rows; r++)
             for (int j = 0; j < 4; j++) sums[r][j] = _mm512_setzero_ps();
@@ -105,13 +124,10 @@ static inline __attribute__((always_inline)) void q8_strip(
                     sums[r][j] = _mm512_fmadd_ps(
                         q, _mm512_set1_ps(xf[r * num_in + b * BLOCK + 4 * t + j]), sums[r][j]);
             }
+            if (is_q6 && t % 4 == 3) /* runs 0..3 hold inputs 0..15, runs 4..7 16..31 */
+                add_scaled(sums, _mm512_loadu_ps(d + 16 * (t / 4)), acc, num_rows);
         }
-        const __m512 d = _mm512_loadu_ps((const float *)(const void *)(scales_offsets + b * 128));
-        for (int r = 0; r < num_rows; r++) {
-            const __m512 s = _mm512_add_ps(_mm512_add_ps(sums[r][0], sums[r][1]),
-                                           _mm512_add_ps(sums[r][2], sums[r][3]));
-            acc[r] = _mm512_fmadd_ps(s, d, acc[r]);
-        }
+        if (!is_q6) add_scaled(sums, _mm512_loadu_ps(d), acc, num_rows);
     }
 }
 
@@ -127,9 +143,9 @@ static inline void store_row(const __m512 acc, const float *bias, int64_t col, i
         q4_strip(xr, x_stride, x_sums + r * num_blocks, num_blocks, strip, sz, table, acc, \
                  n);                                                                       \
         break;
-#define Q8_TILE(n)                                                                         \
-    case n:                                                                                \
-        q8_strip(xf + r * num_in, num_in, num_blocks, strip, sz, acc, n);                  \
+#define Q8_TILE(n, is_q6)                                                                  \
+    case (is_q6) * ROW_TILE + n:                                                           \
+        q8_strip(xf + r * num_in, num_in, num_blocks, strip, sz, acc, n, is_q6);           \
         break;
 #endif
 
@@ -189,12 +205,12 @@ int q4_gemv(const void *x, int64_t x_stride, int64_t num_rows, int64_t num_in,
 #endif
 }
 
-/* The same for Q8_0 weights packed by q4_q8_linear.c's pack_q8_q8 (16-column strips, float
- * scales; its int32 offsets are not read). */
-int q8_gemv(const void *x, int64_t x_stride, int64_t num_rows, int64_t num_in,
-            const int8_t *packed, const void *scales_offsets, const float *bias, void *y,
-            int64_t num_out, int num_threads) {
 #ifdef HAVE_GEMV
+/* q8_gemv and q6_gemv: each strip and tile of rows runs q8_strip specialised for its
+ * scales (the switch below), not a test per block. */
+static int gemv_8bit(const void *x, int64_t x_stride, int64_t num_rows, int64_t num_in,
+                     const int8_t *packed, const void *scales_offsets, const float *bias,
+                     void *y, int64_t num_out, int num_threads, const int is_q6) {
     if (num_in % BLOCK || num_rows > MAX_ROWS || num_rows < 1) return -1;
     const int64_t num_blocks = num_in / BLOCK, num_strips = (num_out + Q8_STRIP - 1) / Q8_STRIP;
     float *xf = malloc(sizeof(float) * (size_t)(num_rows * num_in));
@@ -211,15 +227,44 @@ int q8_gemv(const void *x, int64_t x_stride, int64_t num_rows, int64_t num_in,
         for (int64_t r = 0; r < num_rows; r += ROW_TILE) {
             const int n = num_rows - r < ROW_TILE ? (int)(num_rows - r) : ROW_TILE;
             __m512 acc[ROW_TILE] = {_mm512_setzero_ps()}; /* every row set below */
-            switch (n) { Q8_TILE(1) Q8_TILE(2) Q8_TILE(3) Q8_TILE(4) }
+            switch (is_q6 * ROW_TILE + n) {
+                Q8_TILE(1, 0) Q8_TILE(2, 0) Q8_TILE(3, 0) Q8_TILE(4, 0)
+                Q8_TILE(1, 1) Q8_TILE(2, 1) Q8_TILE(3, 1) Q8_TILE(4, 1)
+            }
             for (int i = 0; i < n; i++)
                 store_row(acc[i], bias, col, num_cols, (uint16_t *)y + (r + i) * num_out);
         }
     }
     free(xf);
     return 0;
+}
+#endif
+
+/* The same for Q8_0 weights packed by q4_q8_linear.c's pack_q8_q8 (16-column strips, float
+ * scales; its int32 offsets are not read). */
+int q8_gemv(const void *x, int64_t x_stride, int64_t num_rows, int64_t num_in,
+            const int8_t *packed, const void *scales_offsets, const float *bias, void *y,
+            int64_t num_out, int num_threads) {
+#ifdef HAVE_GEMV
+    return gemv_8bit(x, x_stride, num_rows, num_in, packed, scales_offsets, bias, y, num_out,
+                     num_threads, 0);
 #else
     (void)x, (void)x_stride, (void)num_rows, (void)num_in, (void)packed, (void)scales_offsets;
+    (void)bias, (void)y, (void)num_out, (void)num_threads;
+    return -1;
+#endif
+}
+
+/* The same for Q6_K weights in that layout (the header): int8 values q - 32, and per block
+ * the 16 columns' float scales of inputs 0..15 then of inputs 16..31. */
+int q6_gemv(const void *x, int64_t x_stride, int64_t num_rows, int64_t num_in,
+            const int8_t *packed, const void *scales, const float *bias, void *y,
+            int64_t num_out, int num_threads) {
+#ifdef HAVE_GEMV
+    return gemv_8bit(x, x_stride, num_rows, num_in, packed, scales, bias, y, num_out,
+                     num_threads, 1);
+#else
+    (void)x, (void)x_stride, (void)num_rows, (void)num_in, (void)packed, (void)scales;
     (void)bias, (void)y, (void)num_out, (void)num_threads;
     return -1;
 #endif
