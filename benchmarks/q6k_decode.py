@@ -106,7 +106,7 @@ def build_gguf(shape: str, path: Path, seed: int) -> Path:
                 param.normal_(0.0, 0.02)
     types = q4_k_m_types(config.num_hidden_layers, is_tied=True)
     return write_gguf(model, path, ARCHS[config_class], GGMLQuantizationType.Q4_K,
-                      lambda w: add_tokenizer(w, config.vocab_size), types)  # fmt: skip
+                      lambda w: add_tokenizer(w, config.vocab_size), types=types)  # fmt: skip
 
 
 def q6k_layers(model: nn.Module) -> dict[str, Q6KLinear]:

@@ -170,6 +170,7 @@ def write_gguf(
     arch: str,
     qtype: GGMLQuantizationType,
     configure: Callable[[GGUFWriter], None] | None = None,
+    *,
     expert_qtype: GGMLQuantizationType = GGMLQuantizationType.F32,
     types: Mapping[str, GGMLQuantizationType] | None = None,
 ) -> Path:
