@@ -13,7 +13,10 @@ quantization loads it in a fresh process (bfloat16, as the server does) and repo
 - TPOT of one request (`quantized_decode.run_once`: --prompt-len tokens, then
   --decode-steps greedy steps; median over --rounds runs) and its greedy tokens, so the
   two can be compared (with each step's top-1 minus top-2 logit: random weights give
-  near-ties, where the two roundings may choose differently).
+  near-ties, where the two roundings may choose differently);
+- the median time of a decode step of 32 sequences (each after a --prompt-len prefill;
+  8 steps, median of 3 runs), where the loop over active experts meets `none`'s grouped
+  matmul.
 The processes run one after the other; memory numbers do not depend on the machine's load,
 the TPOTs do (run it on an idle machine).
 """
@@ -35,10 +38,11 @@ REPO = Path(__file__).resolve().parent.parent
 HEAD_DIM, NUM_HEADS, VOCAB = 128, 8, 1024
 
 MEASURE = """
-import json, os, resource, statistics, sys
+import json, os, resource, statistics, sys, time
 import torch
 sys.path.insert(0, {benchmarks!r})
 from quantized_decode import run_once
+from superinfer.model.attention import AttentionMetadata, SeqEntry
 from superinfer.model.loader import load_gguf_model
 
 path, quantization, rounds, prompt_len, steps = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
@@ -54,7 +58,32 @@ tpots = []
 for _ in range(rounds):
     _, tpot, tokens = run_once(model, prompt, steps)
     tpots.append(tpot * 1e3)
-print("RESULT " + json.dumps({{"quantization": quantization, "peak_rss_mb": round(peak_mb),
+
+def batch_step_ms(batch, prompt_len, steps):
+    # median time of a decode step of `batch` sequences (after their prefill), greedy
+    c, size = model.config, 16
+    blocks = -(-(prompt_len + steps + 1) // size)
+    kv = torch.zeros(batch * blocks, c.num_layers, 2, size, c.num_kv_heads, c.head_dim,
+                     dtype=model.dtype)
+    tables = [list(range(i * blocks, (i + 1) * blocks)) for i in range(batch)]
+    seqs = [[(i * 31 + j * 7919) % 1000 + 10 for j in range(prompt_len)] for i in range(batch)]
+    times, num_cached, num_query = [], 0, prompt_len
+    with torch.inference_mode():
+        for step in range(steps + 1):
+            entries = [SeqEntry(num_query, num_cached, t) for t in tables]
+            meta = AttentionMetadata.build(entries, size, "cpu")
+            ids = torch.tensor([tok for s in seqs for tok in s[num_cached:]])
+            start = time.perf_counter()
+            hidden = model(ids, meta.positions, kv, meta)
+            logits = model.compute_logits(hidden[meta.logits_indices])
+            times.append(time.perf_counter() - start)
+            for s, token in zip(seqs, logits.argmax(-1).tolist()):
+                s.append(token)
+            num_cached, num_query = num_cached + num_query, 1
+    return statistics.median(times[1:]) * 1e3
+
+batch_ms = [batch_step_ms(32, prompt_len, 8) for _ in range(3)]
+print("RESULT " + json.dumps({{"batch32_step_ms": round(statistics.median(batch_ms), 2),"quantization": quantization, "peak_rss_mb": round(peak_mb),
       "rss_after_load_mb": round(rss_mb), "expert_bytes": held,
       "quantized_expert_layers": info.num_quantized_expert_layers,
       "tpot_ms": round(statistics.median(tpots), 3), "tpot_ms_runs": [round(t, 3) for t in tpots],
@@ -141,7 +170,7 @@ def main() -> None:
     for r in results:
         print(f"{r['quantization']:5s} peak RSS {r['peak_rss_mb']:6d} MB  after load "
               f"{r['rss_after_load_mb']:6d} MB  experts {r['expert_bytes'] / 2**20:8.1f} MiB  "
-              f"TPOT {r['tpot_ms']:.2f} ms")  # fmt: skip
+              f"TPOT {r['tpot_ms']:.2f} ms  batch-32 step {r['batch32_step_ms']:.1f} ms")  # fmt: skip
     first = next((i for i, (a, b) in enumerate(zip(none["tokens"], auto["tokens"])) if a != b), None)
     # margins[i]: top-1 minus top-2 logit at the step that chose tokens[i]
     where = "identical" if first is None else (
