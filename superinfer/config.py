@@ -180,10 +180,11 @@ class ModelConfig:
     quantization: str = opt(
         "auto",
         "Quantized execution, as vLLM's -q: gguf runs a GGUF file's Q4_0/Q4_1/Q8_0/Q4_K linear "
-        "layers and MoE experts on their quantized weights (CPU int4 kernel, bfloat16), none "
+        "layers and MoE experts on their quantized weights (CPU int4 kernel, bfloat16), and "
+        "its Q6_K layers for decode steps of up to 8 rows; none "
         "dequantizes them to --dtype, auto is gguf where measured faster (docs/models.md). "
         "gguf-w4a8 runs "
-        "them on activations rounded to 8 bits, as llama.cpp computes (faster; outputs "
+        "the 4-bit and Q8_0 layers on activations rounded to 8 bits, as llama.cpp computes (faster; outputs "
         "differ slightly; CPU with AVX-512 VNNI). AWQ and GPTQ (4-bit) checkpoints run "
         "quantized in bfloat16 on PyTorch's int4 kernels (CPU and CUDA), FP8 ones on "
         "torch._scaled_mm (CUDA; dequantized on a CPU): auto, or the checkpoint's own "
@@ -214,7 +215,7 @@ class ModelConfig:
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(
                 f"--quantization {self.quantization}: not supported; one of "
-                f"{', '.join(QUANTIZATIONS)} (GGUF Q4_0/Q4_1/Q8_0/Q4_K, AWQ and GPTQ 4-bit, FP8; "
+                f"{', '.join(QUANTIZATIONS)} (GGUF Q4_0/Q4_1/Q8_0/Q4_K/Q6_K, AWQ and GPTQ 4-bit, FP8; "
                 "docs/models.md)"
             )
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
