@@ -1,6 +1,6 @@
-"""Single-request decode speed of a Q4_K_M-like GGUF: its Q6_K layers on the few-row GEMV
-against the same layers dense (Q6_K dequantized to bfloat16, what superinfer ran before),
-and llama.cpp on the same file.
+"""Single-request decode speed of a Q4_K_M-like GGUF: its Q6_K layers and its fused q/k/v
+of mixed types (Q4_K q/k, Q6_K v) on the few-row GEMV against the same layers dense (what
+superinfer ran before), and llama.cpp on the same file.
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/q6k_decode.py --shape qwen3-0.6b \\
         --out docs/results/models/q6k_decode.json
@@ -10,19 +10,23 @@ Builds a model of --shape (transformers' classes, seeded random weights of std 0
 1; plain RoPE), writes it with tests' `write_gguf` as llama.cpp's Q4_K_M lays a file out
 (`q4_k_m_types`: Q6_K for the head, here the tied embedding, and for attn_v and ffn_down
 of about half the layers; Q4_K for the rest) and loads it once under `--quantization auto`
-in bfloat16 as the server does (oneDNN-packed dense layers, the flat decode loop). A
-layer whose q/k/v mix Q4_K and Q6_K stays dense in both variants. Each round runs, in
-turn:
+in bfloat16 as the server does (oneDNN-packed dense layers, the flat decode loop). Each
+round runs, in turn:
 
-- "q6k gemv": the model as loaded, lm_head and the Q6_K ffn_down on the GEMV;
-- "q6k dense": the same model with each Q6KLinear replaced by its dense layer.
+- "gemv": the model as loaded: lm_head and the Q6_K ffn_down on the GEMV (Q6KLinear), the
+  q/k/v whose v is Q6_K part by part on it (`quant_parts.MixedLinear`);
+- "mixed dense": the same model with each MixedLinear replaced by its dense layer (as
+  superinfer ran before the mixed layers ran part by part);
+- "q6k+mixed dense": each Q6KLinear too (every Q6_K weight dequantized, as before the
+  Q6_K GEMV).
 
 Each run prefills --prompt-len tokens, then takes --decode-steps greedy steps (TPOT: the
 forward of one token and its logits; `quantized_decode.run_once`); medians over the
 rounds. With --llama-python (llama-cpp-python; `benchmarks/model_speed.py
 --install-llama` installs it), llama.cpp decodes the same prompt from the same file in
 its own process, after the rounds, on as many threads (its TPOT: the time between
-generated tokens, greedy sampling included). Also reports whether the greedy tokens agree.
+generated tokens, greedy sampling included). Also reports whether the greedy tokens agree,
+and the memory the mixed layers' quantized parts take on top of their dense layers.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from quantized_decode import run_once
 from superinfer.model.cpu_linear import pack_linears
 from superinfer.model.loader import load_gguf_model
 from superinfer.model.quant import Q6KLinear
+from superinfer.model.quant_parts import MixedLinear
 from tests.model.gguf_tiny import q4_k_m_types, write_gguf
 
 SHAPES = {  # the released models' shapes (vocabulary, sizes, heads); tied embeddings
@@ -109,18 +114,33 @@ def build_gguf(shape: str, path: Path, seed: int) -> Path:
                       lambda w: add_tokenizer(w, config.vocab_size), types=types)  # fmt: skip
 
 
-def q6k_layers(model: nn.Module) -> dict[str, Q6KLinear]:
-    """Each Q6KLinear of `model`, by name."""
-    return {name: m for name, m in model.named_modules() if isinstance(m, Q6KLinear)}
+VARIANTS = {"gemv": (), "mixed dense": (MixedLinear,),  # name -> the kinds put back dense
+            "q6k+mixed dense": (MixedLinear, Q6KLinear)}  # fmt: skip
+BASELINE = "q6k+mixed dense"
 
 
-def use_gemv(model: nn.Module, layers: dict[str, Q6KLinear], on: bool) -> None:
-    """Put each Q6KLinear (on) or its dense layer (off) in its place; the flat decode loop
-    holds the layers' methods, so it is rebuilt."""
+def gemv_layers(model: nn.Module) -> dict[str, Q6KLinear | MixedLinear]:
+    """Each Q6KLinear and MixedLinear of `model`, by name."""
+    kinds = (Q6KLinear, MixedLinear)
+    return {name: m for name, m in model.named_modules() if isinstance(m, kinds)}
+
+
+def use_variant(model: nn.Module, layers: dict[str, nn.Module], dense: tuple[type, ...]) -> None:
+    """Put each layer, or its dense layer where it is of a kind in `dense`, in its place; the
+    flat decode loop holds the layers' methods, so it is rebuilt."""
     for name, layer in layers.items():
         parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent), child, layer if on else layer.dense)
+        setattr(model.get_submodule(parent), child,
+                layer.dense if isinstance(layer, dense) else layer)  # fmt: skip
     model.use_flat_decode()
+
+
+def parts_megabytes(layers: dict[str, nn.Module]) -> float:
+    """The bytes of the MixedLinear layers' quantized parts (their dense layers aside)."""
+    tensors = [value for layer in layers.values() if isinstance(layer, MixedLinear)
+               for part in layer.parts for value in vars(part).values()
+               if isinstance(value, torch.Tensor)]  # fmt: skip
+    return sum(t.untyped_storage().nbytes() for t in tensors) / 1e6
 
 
 def llama_cpp_run(python: str, path: Path, prompt: list[int], args) -> dict:
@@ -149,29 +169,36 @@ def main() -> None:
         path = build_gguf(shape, Path(tmp) / f"{shape}-q4_k_m.gguf", args.seed)
         model, info = load_gguf_model(str(path), torch.bfloat16, torch.device("cpu"), "auto")
         pack_linears(model)
-        layers = q6k_layers(model)
+        layers = gemv_layers(model)
+        by_kind = {kind.__name__: [n for n, m in layers.items() if isinstance(m, kind)]
+                   for kind in (Q6KLinear, MixedLinear)}  # fmt: skip
+        megabytes = parts_megabytes(layers)
         print(f"{shape}: {info.num_quantized_linears} linear layers quantized, of them on the "
-              f"Q6_K GEMV: {', '.join(layers)}; flat decode {model.use_flat_decode()}")  # fmt: skip
+              f"GEMV: {by_kind}; the mixed layers' parts take {megabytes:.1f} MB; flat decode "
+              f"{model.use_flat_decode()}")  # fmt: skip
         vocab = model.config.vocab_size
         prompt = [(i * 7919) % (min(vocab, 49152) - 100) + 100 for i in range(args.prompt_len)]
-        variants = {"q6k gemv": True, "q6k dense": False}
-        results: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
+        results: dict[str, list[tuple[float, float]]] = {name: [] for name in VARIANTS}
         outputs = {}
-        for on in variants.values():  # warm-up
-            use_gemv(model, layers, on)
+        for dense in VARIANTS.values():  # warm-up
+            use_variant(model, layers, dense)
             run_once(model, prompt, 4)
         for _ in range(args.rounds):
-            for name, on in variants.items():
-                use_gemv(model, layers, on)
+            for name, dense in VARIANTS.items():
+                use_variant(model, layers, dense)
                 ttft, tpot, outputs[name] = run_once(model, prompt, args.decode_steps)
                 results[name].append((ttft, tpot))
         theirs = None
         if args.llama_python:
             theirs = llama_cpp_run(args.llama_python, path, prompt, args)
-    report(args, shape, results, outputs, theirs)
+    extra = {"layers_on_gemv": {k: len(v) for k, v in by_kind.items()},
+             "mixed_parts_mb": round(megabytes, 1)}  # fmt: skip
+    report(args, shape, results, outputs, theirs, extra)
 
 
-def report(args, shape: str, results: dict, outputs: dict, theirs: dict | None) -> None:
+def report(
+    args, shape: str, results: dict, outputs: dict, theirs: dict | None, extra: dict
+) -> None:
     print(f"threads={torch.get_num_threads()} prompt={args.prompt_len} "
           f"steps={args.decode_steps} rounds={args.rounds}")  # fmt: skip
     summary = {}
@@ -180,27 +207,28 @@ def report(args, shape: str, results: dict, outputs: dict, theirs: dict | None) 
         ttft = statistics.median(r[0] for r in rows) * 1e3
         summary[name] = {"tpot_ms": round(tpot, 3), "ttft_ms": round(ttft, 2),
                          "tpot_per_round_ms": [round(r[1] * 1e3, 3) for r in rows]}  # fmt: skip
-        print(f"{name:10s} TPOT {tpot:7.3f} ms   TTFT {ttft:8.2f} ms   per round "
+        print(f"{name:15s} TPOT {tpot:7.3f} ms   TTFT {ttft:8.2f} ms   per round "
               f"{summary[name]['tpot_per_round_ms']}")  # fmt: skip
     if theirs is not None:
         tpot = statistics.median(theirs["tpot"]) * 1e3
         summary["llama.cpp"] = {"tpot_ms": round(tpot, 3),
                                 "tpot_per_round_ms": [round(t * 1e3, 3) for t in theirs["tpot"]]}  # fmt: skip
-        print(f"{'llama.cpp':10s} TPOT {tpot:7.3f} ms   per round "
+        print(f"{'llama.cpp':15s} TPOT {tpot:7.3f} ms   per round "
               f"{summary['llama.cpp']['tpot_per_round_ms']}")  # fmt: skip
         outputs["llama.cpp"] = theirs["tokens"][: args.decode_steps]
-    reference = outputs["q6k dense"]
+    reference = outputs[BASELINE]
     agree = {}
     for name, tokens in outputs.items():
         step = next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), None)
         agree[name] = step
-        if name != "q6k dense":
+        if name != BASELINE:
             verdict = "identical" if step is None else f"first differ at step {step}"
-            print(f"{name:10s} greedy tokens vs q6k dense: {verdict}")
+            print(f"{name:15s} greedy tokens vs {BASELINE}: {verdict}")
     if args.out:
         out = {"command": "benchmarks/q6k_decode.py " + " ".join(sys.argv[1:]), "shape": shape,
                "threads": torch.get_num_threads(), "torch": torch.__version__,
-               "results": summary, "first_token_differing_from_q6k_dense": agree}  # fmt: skip
+               **extra, "results": summary,
+               f"first_token_differing_from_{BASELINE.replace(' ', '_')}": agree}  # fmt: skip
         Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
 
 

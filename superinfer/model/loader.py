@@ -97,8 +97,8 @@ def load_model(
 
     `quantization` (vLLM's `--quantization`): "gguf" runs a GGUF file's Q4_0, Q4_1, Q8_0 and Q4_K
     linear layers and MoE experts on their quantized weights (CPU, `superinfer.model.quant`,
-    `superinfer.model.quant_moe`; Q6_K linear layers for steps of a few rows, where
-    `cpu_gemv`'s GEMV runs); "none"
+    `superinfer.model.quant_moe`; Q6_K linear layers, and fused ones whose parts mix these
+    types part by part, for steps of a few rows, where `cpu_gemv`'s GEMV runs); "none"
     dequantizes them to `dtype`; "auto" is "gguf" where that was measured faster
     (`auto_quantizes`), for steps of a few rows (decode of a few sequences; on `cpu_gemv`'s
     GEMV where it runs), with the 4-bit GEMM of `cpu_q4` (or, for Q8_0 layers, dense

@@ -22,8 +22,11 @@ dense layer the loader built from the same weights; where that GEMV cannot run, 
 `gguf-w4a8`, they stay dense (dequantized at load).
 
 Fused projections (q/k/v, gate/up) concatenate their GGUF tensors' rows, which is exact. A
-fused layer whose parts mix Q6_K with the other types (llama.cpp's Q4_K_M does so with
-attn_v) stays dense.
+fused layer whose parts differ in type (Q4_K q/k with a Q6_K v, as llama.cpp's Q4_K_M
+writes about half its layers; 4-bit parts with a Q8_0 one) runs, where the GEMV runs (not
+under `gguf-w4a8`), each part on the GEMV for steps of a few rows and the dense fused
+layer for larger ones (`quant_parts.MixedLinear`: the parts' quantized copies on top of
+the dense layer); elsewhere, or with a part of another type, it stays dense.
 
 Under `auto`, steps of a few rows run the few-row GEMV of `cpu_gemv` where it runs (the
 same function of the same weights, faster; the int4 kernel's copy is then freed). Steps of
@@ -34,9 +37,10 @@ gguf-w4a8` every step of the 4-bit and Q8_0 layers runs the GEMM of `cpu_w4a8` i
 (llama.cpp's arithmetic: activations rounded to 8 bits per block of 32).
 
 What runs quantized: the linear layers (q/k/v, o, gate/up, down, lm_head) whose tensors
-are all of these types (`quantize_linears`), a Q8_0 token embedding (`Q8Embedding`), and a
-mixture of experts' stacked expert tensors (`quant_moe`, one `int4_linear` per expert and
-projection: these kernels, but never a dense copy).
+are all of these types (`quantize_linears`; mixed ones for steps of a few rows, above), a
+Q8_0 token embedding (`Q8Embedding`), and a mixture of experts' stacked expert tensors
+(`quant_moe`, one `int4_linear` per expert and projection: these kernels, but never a
+dense copy).
 """
 
 from __future__ import annotations
@@ -115,18 +119,9 @@ class Int4Linear(nn.Module):
     def dequantized(
         self, nibbles: Tensor, scales: Tensor, zeros: Tensor, dtype: torch.dtype
     ) -> Tensor:
-        """(N, in_features) in `dtype`: the weights this layer multiplies by, with the
-        scales and zeros rounded to bfloat16 as the kernel holds them (planes summed; in
-        float32, a few thousand rows at a time, then rounded once)."""
-        out = torch.empty(self.out_features, self.in_features, dtype=dtype)
-        groups = nibbles.shape[1] // GROUP
-        for start in range(0, self.out_features, _DEQUANT_ROWS):
-            rows = slice(start, start + _DEQUANT_ROWS)
-            s = scales[rows].to(torch.bfloat16).float().unsqueeze(-1)  # (n, groups, 1)
-            z = zeros[rows].to(torch.bfloat16).float().unsqueeze(-1)
-            w = nibbles[rows].float().view(-1, groups, GROUP).sub_(8).mul_(s).add_(z)
-            out[rows] = w.view(-1, self.num_planes, self.in_features).sum(1)
-        return out
+        """(N, in_features) in `dtype`: the weights this layer multiplies by
+        (`dequantize_planes` of its planes)."""
+        return dequantize_planes((nibbles, scales, zeros), self.in_features, dtype)
 
     def keep_dense(self, linear: nn.Linear, max_int4_rows: int) -> None:
         """Run steps of more than `max_int4_rows` rows (prefill chunks, large batches) on
@@ -177,6 +172,22 @@ class Int4Linear(nn.Module):
         small = "GEMV" if self.gemv is not None else "int4"
         more = ", 4-bit GEMM" if self.q4 is not None else ", dense" if self.dense else ""
         return f"in_features={self.in_features}, out_features={self.out_features}, {small}{more}"
+
+
+def dequantize_planes(planes: Planes, in_features: int, dtype: torch.dtype) -> Tensor:
+    """(N, in_features) in `dtype`: the weights of 4-bit planes, with the scales and zeros
+    rounded to bfloat16 as the int4 kernel, the 4-bit GEMM and the GEMV hold them (planes
+    summed; in float32, a few thousand rows at a time, then rounded once)."""
+    nibbles, scales, zeros = planes
+    num_out, groups = nibbles.shape[0], nibbles.shape[1] // GROUP
+    out = torch.empty(num_out, in_features, dtype=dtype)
+    for start in range(0, num_out, _DEQUANT_ROWS):
+        rows = slice(start, start + _DEQUANT_ROWS)
+        s = scales[rows].to(torch.bfloat16).float().unsqueeze(-1)  # (n, groups, 1)
+        z = zeros[rows].to(torch.bfloat16).float().unsqueeze(-1)
+        w = nibbles[rows].float().view(-1, groups, GROUP).sub_(8).mul_(s).add_(z)
+        out[rows] = w.view(-1, nibbles.shape[1] // in_features, in_features).sum(1)
+    return out
 
 
 class Q6KLinear(nn.Module):
@@ -344,10 +355,12 @@ def quantize_linears(
     is_w4a8: bool = False,
 ) -> list[str]:
     """Swap the model's linear layers whose GGUF tensors are all Q4_0, Q4_1, Q8_0 or Q4_K (the
-    same planes' width) for Int4Linear (`swap_int4_linears`), and those whose tensors are all
-    Q6_K for Q6KLinear where the GEMV runs (`swap_q6_k_linears`; not under `is_w4a8`); returns
-    the names swapped. Call it after the weights are loaded (biases, tied embeddings and the
-    Q6_K layers' dense weights are taken from the model)."""
+    same planes' width) for Int4Linear (`swap_int4_linears`), those whose tensors are all
+    Q6_K for Q6KLinear where the GEMV runs (`swap_q6_k_linears`; not under `is_w4a8`), and
+    fused ones whose tensors mix these types for MixedLinear, there too
+    (`quant_parts.swap_mixed_linears`); returns the names swapped. Call it after the weights
+    are loaded (biases, tied embeddings and the dense weights of the Q6_K and mixed layers
+    are taken from the model)."""
     config = model.config
     is_fused = "blk.0.attn_qkv.weight" in tensors
     sources = {"lm_head": ("output" if "output.weight" in tensors else "token_embd",)}
@@ -355,26 +368,43 @@ def quantize_linears(
         for module, parts in (_FUSED_LAYER_SOURCES if is_fused else _LAYER_SOURCES).items():
             sources[f"model.layers.{i}.{module}"] = tuple(f"blk.{i}.{p}" for p in parts)
     gemv = None if is_w4a8 else gemv_kernel()
-    planes, q6 = {}, {}
+    planes, q6, mixed = {}, {}, {}
     for name, parts in sources.items():
         found = [tensors.get(f"{p}.weight") for p in parts]
         if any(t is None for t in found):
             continue
         kinds = {t.tensor_type for t in found}
-        if kinds <= INT4_TYPES.keys():
+        if kinds <= INT4_TYPES.keys() and not _mixes_widths(kinds):
             chosen, unpack = planes, int4_planes
         elif kinds == {Q6_K} and gemv is not None:
             chosen, unpack = q6, q6_k_values
+        elif len(kinds) > 1 and kinds <= QUANT_TYPES.keys() and gemv is not None:
+            chosen, unpack = mixed, typed_values
         else:
             continue
         chosen[name] = [unpack(t) for t in found]
         if is_fused and len(found) == 1 and name.endswith(("qkv_proj", "gate_up_proj")):
             chosen[name] = _split_rows(chosen[name][0], _part_rows(config, name))
     swapped = swap_int4_linears(model, planes, interleaved_qk, max_int4_rows, is_w4a8)
+    rows = GEMV_MAX_ROWS if max_int4_rows is None else min(max_int4_rows, GEMV_MAX_ROWS)
     if q6:
-        rows = GEMV_MAX_ROWS if max_int4_rows is None else min(max_int4_rows, GEMV_MAX_ROWS)
         swapped += swap_q6_k_linears(model, q6, interleaved_qk, gemv, rows)
+    if mixed:
+        from superinfer.model.quant_parts import swap_mixed_linears  # builds on this module
+
+        swapped += swap_mixed_linears(model, mixed, interleaved_qk, gemv, rows)
     return swapped
+
+
+def _mixes_widths(kinds: set[GGMLQuantizationType]) -> bool:
+    """Whether 4-bit and Q8_0 parts (one plane and two) share a layer."""
+    return GGMLQuantizationType.Q8_0 in kinds and len(kinds) > 1
+
+
+def typed_values(tensor: ReaderTensor) -> tuple[GGMLQuantizationType, tuple[Tensor, ...]]:
+    """A tensor's type and its `q6_k_values` (Q6_K) or `int4_planes` (the other types)."""
+    kind = tensor.tensor_type
+    return kind, q6_k_values(tensor) if kind == Q6_K else int4_planes(tensor)
 
 
 def _part_rows(config: ModelConfig, name: str) -> list[int]:

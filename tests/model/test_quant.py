@@ -30,6 +30,7 @@ from superinfer.model.quant import (
     int4_planes,
     q6_k_values,
 )
+from superinfer.model.quant_parts import MixedLinear
 from tests.model.gguf_tiny import (
     q4_k_m_types,
     q6_k_quants,
@@ -340,23 +341,24 @@ def _assert_gemv_rows_match_the_dense_layer(layer: Q6KLinear, seed: int) -> None
 @needs_gemv
 def test_q4_k_m_file_runs_its_q6_k_layers_on_the_gemv(q4_k_m_file) -> None:
     """lm_head and layer 1's ffn_down (all Q6_K) run the GEMV; layer 1's q/k/v (Q4_K and
-    Q6_K) stays dense; the other layers are Q4_K; under `none` nothing is swapped, and
-    under gguf-w4a8 the Q6_K layers stay dense."""
+    Q6_K) runs each part on its own (`quant_parts`, tests/model/test_quant_parts.py); the
+    other layers are Q4_K; under `none` nothing is swapped, and under gguf-w4a8 the Q6_K
+    layers stay dense."""
     auto, info = load_gguf_model(str(q4_k_m_file), torch.bfloat16, CPU, "auto")
-    assert info.num_quantized_linears == 4 * TINY["num_hidden_layers"] + 1 - 1
+    assert info.num_quantized_linears == 4 * TINY["num_hidden_layers"] + 1
     assert isinstance(auto.lm_head, Q6KLinear) and auto.lm_head.max_gemv_rows == (
         LM_HEAD_GEMV_MAX_ROWS)  # fmt: skip
     layers = auto.model.layers
     assert isinstance(layers[1].mlp.down_proj, Q6KLinear)
     assert layers[1].mlp.down_proj.max_gemv_rows == GEMV_MAX_ROWS
-    assert type(layers[1].self_attn.qkv_proj) is nn.Linear
+    assert isinstance(layers[1].self_attn.qkv_proj, MixedLinear)
     assert isinstance(layers[0].mlp.down_proj, Int4Linear)
     assert isinstance(layers[1].mlp.gate_up_proj, Int4Linear)
     for seed, layer in enumerate([auto.lm_head, layers[1].mlp.down_proj]):
         _assert_gemv_rows_match_the_dense_layer(layer, seed)
     dense, info = load_gguf_model(str(q4_k_m_file), torch.bfloat16, CPU, "none")
     assert info.num_quantized_linears == 0
-    assert not any(isinstance(m, (Q6KLinear, Int4Linear)) for m in dense.modules())
+    assert not any(isinstance(m, (Q6KLinear, Int4Linear, MixedLinear)) for m in dense.modules())
     if w4a8_kernel() is not None:
         w4a8, _ = load_gguf_model(str(q4_k_m_file), torch.bfloat16, CPU, "gguf-w4a8")
         assert type(w4a8.lm_head) is nn.Linear and isinstance(w4a8.model.layers[0].mlp.down_proj,
@@ -388,8 +390,8 @@ def _q6_k_kept_dense(model: nn.Module) -> nn.Module:
 
 @needs_gemv
 def test_q4_k_m_greedy_tokens_under_auto_are_those_of_the_dequantized_file(q4_k_m_file) -> None:
-    """24 decode steps (lm_head and the Q6_K ffn_down on the GEMV) pick the tokens of the
-    bfloat16 dequantized model, but where that model's top two logits nearly tie. The
+    """24 decode steps (lm_head, the Q6_K ffn_down and the mixed q/k/v on the GEMV) pick
+    the tokens of the bfloat16 dequantized model, but where its top two logits nearly tie. The
     logits span about +-7: the Q4_K layers (their scales and zeros rounded to bfloat16)
     move them by up to 0.42, the Q6_K layers on the GEMV by a bfloat16 step of them."""
     load = functools.partial(load_gguf_model, str(q4_k_m_file), torch.bfloat16, CPU)
