@@ -54,7 +54,7 @@ class Q6Weights(Int8Weights):
 
 
 class GemvKernel:
-    """The loaded `q4_gemv`, `q8_gemv`, `q6_gemv` and `pack_q8_q8`."""
+    """The loaded `q4_gemv`, `q8_gemv`, `q6_gemv`, `pack_q8_q8` and `unpack_int8_bf16`."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
         self._q4, self._q8, self._q6 = library.q4_gemv, library.q8_gemv, library.q6_gemv
@@ -64,6 +64,9 @@ class GemvKernel:
         self._pack_q8 = library.pack_q8_q8
         self._pack_q8.restype = None
         self._pack_q8.argtypes = [_PTR, _PTR, _I64, _I64, _PTR, _PTR]
+        self._unpack = library.unpack_int8_bf16
+        self._unpack.restype = _INT
+        self._unpack.argtypes = [_PTR, _PTR, _I64, _I64, _I64, _I64, _INT, _PTR, _INT]
 
     def pack_q8(self, values: Tensor, scales: Tensor, bias: Tensor | None = None) -> Q8Weights:
         """values (N, K) int8 and scales (N, K / 32) of Q8_0 weights, w = d q; K a multiple
@@ -106,6 +109,23 @@ class GemvKernel:
         if status != 0:
             raise RuntimeError(f"the few-row GEMV failed ({status})")
         return y
+
+    def unpack(self, weights: Int8Weights, rows: slice = slice(None)) -> Tensor:
+        """The bfloat16 weights (n, K) of `weights`' output rows `rows` (a step of 1): each
+        value times its scale in float, rounded to nearest even (the bias is not added)."""
+        start, stop, step = rows.indices(weights.num_out)
+        if step != 1:
+            raise ValueError("rows must be a contiguous range")
+        stop = max(start, stop)
+        w = torch.empty((stop - start, weights.num_in), dtype=torch.bfloat16)
+        status = self._unpack(
+            weights.packed.data_ptr(), weights.scales.data_ptr(), weights.num_out,
+            weights.num_in, start, stop, isinstance(weights, Q6Weights), w.data_ptr(),
+            torch.get_num_threads(),
+        )  # fmt: skip
+        if status != 0:
+            raise RuntimeError(f"unpacking the 8-bit weights failed ({status})")
+        return w
 
     def pack_planes(self, nibbles: Tensor, scales: Tensor, num_in: int,
                     bias: Tensor | None = None) -> Q8Weights:  # fmt: skip

@@ -122,3 +122,24 @@ def test_too_many_rows_and_odd_shapes_are_refused() -> None:
     with pytest.raises(ValueError, match="one scale per 16"):
         gemv_kernel().pack_q6(torch.zeros(8, 64, dtype=torch.int8), torch.ones(8, 2))
     assert gemv_kernel()(rows(0, 64, seed=0), weights).shape == (0, 16)
+
+
+@pytest.mark.parametrize("is_q6", [False, True], ids=["q8", "q6"])
+@pytest.mark.parametrize("rows", [slice(None), slice(5, 37), slice(16, 32), slice(3, 3)])
+def test_unpacked_weights_are_the_products_rounded_to_bfloat16(is_q6, rows) -> None:
+    """Exact: each weight is the float product of its value and scale, rounded once; the
+    partial strip's rows too, and none beyond them."""
+    num_out, num_in = 37, 160
+    if is_q6:
+        values, scales = random_q6(num_out, num_in, seed=11)
+        weights = gemv_kernel().pack_q6(values, scales)
+        expected = values.float() * scales.repeat_interleave(16, 1)
+    else:
+        g = torch.Generator().manual_seed(11)
+        values = torch.randint(-128, 128, (num_out, num_in), generator=g)
+        scales = torch.rand(num_out, num_in // 32, generator=g) * 0.01
+        weights = gemv_kernel().pack_q8(values, scales)
+        expected = values.float() * scales.repeat_interleave(32, 1)
+    got = gemv_kernel().unpack(weights, rows)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, expected[rows].to(torch.bfloat16))

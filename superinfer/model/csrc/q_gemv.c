@@ -18,6 +18,9 @@
  * as the int8 values and, beside each block, the 16 columns' float d sc of inputs 0..15
  * then of inputs 16..31, where Q8_0 has its scales and offsets.
  *
+ * `unpack_int8_bf16` writes 8-bit weights back as bfloat16 rows, for a step of more rows
+ * than these take (a MoE's experts, kept only in this layout: quant_moe.py).
+ *
  * Every product is exact in float; sums are float. It is the same function of the same
  * weights as PyTorch's int4 kernel (bfloat16 scales and zeros) and as the dequantized
  * Q8_0 weights, rounded in another order.
@@ -266,6 +269,49 @@ int q6_gemv(const void *x, int64_t x_stride, int64_t num_rows, int64_t num_in,
 #else
     (void)x, (void)x_stride, (void)num_rows, (void)num_in, (void)packed, (void)scales;
     (void)bias, (void)y, (void)num_out, (void)num_threads;
+    return -1;
+#endif
+}
+
+/* w (row_end - row_start, num_in) bfloat16, row-major = rows row_start .. row_end - 1 of the
+ * weights in the 8-bit layout (q8_gemv's, or q6_gemv's where is_q6), w = q d rounded to
+ * nearest even: what a larger step multiplies by, unpacked for that step only. Returns 0;
+ * -1 where this kernel does not run (no AVX-512 BF16, num_in not a multiple of 32, rows out
+ * of range). */
+int unpack_int8_bf16(const int8_t *packed, const void *scales, int64_t num_out,
+                     int64_t num_in, int64_t row_start, int64_t row_end, int is_q6, void *w,
+                     int num_threads) {
+#ifdef HAVE_GEMV
+    if (num_in % BLOCK || row_start < 0 || row_end > num_out || row_start > row_end) return -1;
+    const int64_t num_blocks = num_in / BLOCK, first = row_start / Q8_STRIP;
+    const int64_t last = (row_end + Q8_STRIP - 1) / Q8_STRIP;
+    /* run t holds column c's inputs 4t .. 4t + 3 at bytes 64 t + 4 c */
+    const __m256i runs = _mm256_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112);
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (last - first > 1)
+    for (int64_t s = first; s < last; s++)
+        for (int64_t b = 0; b < num_blocks; b++) {
+            const int8_t *block = packed + (s * num_blocks + b) * 512;
+            const float *d = (const float *)(const void *)((const char *)scales
+                                                             + (s * num_blocks + b) * 128);
+            for (int c = 0; c < Q8_STRIP; c++) {
+                const int64_t n = s * Q8_STRIP + c;
+                if (n < row_start || n >= row_end) continue;
+                const __m256i q = _mm256_i32gather_epi32((const int *)(const void *)block + c,
+                                                         runs, 4);
+                uint16_t *out = (uint16_t *)w + (n - row_start) * num_in + b * BLOCK;
+                for (int h = 0; h < 2; h++) {
+                    const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                        h ? _mm256_extracti128_si256(q, 1) : _mm256_castsi256_si128(q)));
+                    const __m512 scale = _mm512_set1_ps(d[is_q6 ? 16 * h + c : c]);
+                    _mm256_storeu_si256((__m256i *)(out + 16 * h),
+                                        (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(v, scale)));
+                }
+            }
+        }
+    return 0;
+#else
+    (void)packed, (void)scales, (void)num_out, (void)num_in, (void)row_start, (void)row_end;
+    (void)is_q6, (void)w, (void)num_threads;
     return -1;
 #endif
 }
