@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
 from superinfer.model.config import ModelConfig
+from superinfer.model.cpu_gemv import gemv_kernel
 from superinfer.model.cpu_linear import pack_linears
 from superinfer.model.decoder import DecoderForCausalLM
 from superinfer.model.gguf_checkpoint import GGUFCheckpoint
@@ -229,7 +230,9 @@ def load_gguf_model(
     is_w4a8 = quantization == "gguf-w4a8"
     # experts kept quantized are swapped in before the float parameters are allocated, and
     # their tensors never dequantized (quant_moe): a large MoE would not fit in float
-    experts = quantized_expert_tensors(checkpoint.tensors, config) if quantizes else set()
+    experts = set()
+    if quantizes:
+        experts = quantized_expert_tensors(checkpoint.tensors, config, gemv_kernel() is not None)
     weights = checkpoint.weights(skip=experts)
     if checkpoint.arch.hf_weights is not None:  # e.g. Phi-3's fused projections, split
         weights = checkpoint.arch.hf_weights(weights, config)

@@ -304,8 +304,14 @@ def q6_k_values(tensor: ReaderTensor) -> tuple[Tensor, Tensor]:
     an fp16 d (scale d sc). In each half h of 128 weights, weight 32 i + j (i in 0..3) has its
     low 4 bits in nibble i // 2 of ql[64 h + 32 (i % 2) + j], its high 2 in bits 2 i of
     qh[32 h + j]."""
-    num_rows = int(tensor.shape[-1])
-    blocks = np.asarray(tensor.data).reshape(-1, 210)
+    return q6_k_rows(np.asarray(tensor.data).reshape(int(tensor.shape[-1]), -1))
+
+
+def q6_k_rows(raw: np.ndarray) -> tuple[Tensor, Tensor]:
+    """`q6_k_values` of rows (N, row bytes) of Q6_K super-blocks: a matrix, or one
+    expert's of a stacked (experts, rows, columns) tensor."""
+    num_rows = raw.shape[0]
+    blocks = raw.reshape(-1, 210)
     ql = blocks[:, :128].reshape(-1, 2, 1, 64)
     low = np.concatenate([ql & 15, ql >> 4], 2).reshape(-1, 2, 128)
     shifts = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)

@@ -1,19 +1,31 @@
 """A GGUF mixture of experts kept quantized on the CPU.
 
 llama.cpp stacks each MoE layer's experts in three tensors, `blk.N.ffn_{gate,up,down}_exps`
-of (experts, rows, columns) (its dims innermost first). Where they are Q4_0, Q4_1, Q8_0 or
-Q4_K, each expert's matrices become Int4Linear layers on the kernels of the dense quantized
-layers (`quant.int4_linear`: the same exact block conversion, the few-row GEMV, the 4-bit
-GEMM, the int4 kernel or `cpu_w4a8`'s GEMM), gate and up rows concatenated as the dense
-`gate_up_proj` fuses them; none keeps a dense copy. A projection of another type (Q6_K in
-Q4_K_M files) stays a stacked float tensor. Qwen3-30B-A3B has 29 billion expert weights:
-58 GB in bfloat16, about 18 GB as 4-bit planes (0.625 bytes a weight: 4 bits, and a
-bfloat16 scale and zero per 32).
+of (experts, rows, columns) (its dims innermost first). Each expert's projection (gate and
+up rows concatenated, as the dense `gate_up_proj` fuses them) is kept in one quantized
+representation, never beside a dense copy:
+
+- Q6_K (Q4_K_M files write about half the layers' `ffn_down_exps` so) and, except under
+  `gguf-w4a8`, Q8_0: a `gemv_linear.GemvLinear` over the few-row GEMV's 8-bit layout
+  (1.25 bytes a weight), for steps of up to 8 rows; larger steps unpack the expert's
+  weights to a transient bfloat16 matrix. Under `gguf-w4a8` Q6_K experts run so too (not
+  on 8-bit activations; the dense Q6_K layers there stay dense): float experts would cost
+  1.6x the bytes. Where the GEMV does not run (no AVX-512 BF16), Q6_K projections stay
+  stacked float tensors and Q8_0 ones go as the 4-bit types do;
+- Q4_0, Q4_1, Q4_K (and Q8_0, above): Int4Linear layers on the kernels of the dense
+  quantized layers (`quant.int4_linear`: the same exact block conversion, the few-row
+  GEMV, the 4-bit GEMM, the int4 kernel or `cpu_w4a8`'s GEMM), 0.625 bytes a weight for a
+  4-bit type (4 bits, and a bfloat16 scale and zero per 32).
+
+A projection whose parts differ in type, or of another type, stays a stacked float tensor.
+Qwen3-30B-A3B has 29 billion expert weights: 58 GB in bfloat16, about 18 GB as 4-bit
+planes; its Q4_K_M file's Q6_K `ffn_down_exps` (4.8 billion weights) take 6 GB where they
+took 9.7 GB in bfloat16.
 
 `quantize_experts` swaps the modules on the model before its parameters are allocated, and
 the loader leaves the swapped tensors out of the weights it dequantizes (`GGUFCheckpoint.
-weights(skip=...)`): the float experts are never materialised, and each expert's planes are
-converted, packed and freed one expert at a time.
+weights(skip=...)`): the float experts are never materialised, and each expert's weights
+are converted, packed and freed one expert at a time.
 
 A step multiplies each expert that received rows by its contiguous group of rows (the rows
 come sorted by expert), as llama.cpp's `mul_mat_id` does: a loop over the active experts,
@@ -31,10 +43,22 @@ from gguf import GGMLQuantizationType, ReaderTensor
 from torch import Tensor, nn
 
 from superinfer.model.config import ModelConfig
+from superinfer.model.cpu_gemv import GemvKernel, Int8Weights, gemv_kernel
+from superinfer.model.gemv_linear import GemvLinear
 from superinfer.model.moe import MoE
-from superinfer.model.quant import INT4_TYPES, Int4Linear, int4_linear, rows_planes
+from superinfer.model.quant import (
+    INT4_TYPES,
+    Q6_K,
+    Int4Linear,
+    _q8_0_split,
+    int4_linear,
+    q6_k_rows,
+    rows_planes,
+)
 
-# a projection: one Int4Linear per expert, or the experts' stacked float weights (E, N, K)
+Q8_0 = GGMLQuantizationType.Q8_0
+# a projection: one Int4Linear or GemvLinear per expert, or the experts' stacked float
+# weights (E, N, K)
 Projection = nn.ModuleList | nn.Parameter
 
 
@@ -79,24 +103,30 @@ def expert_tensor_names(layer: int) -> dict[str, tuple[str, ...]]:
     return {"gate_up_proj": (gate, up), "down_proj": (down,)}
 
 
-def quantized_expert_tensors(tensors: Mapping[str, ReaderTensor], config: ModelConfig) -> set[str]:
+def quantized_expert_tensors(
+    tensors: Mapping[str, ReaderTensor], config: ModelConfig, has_gemv: bool
+) -> set[str]:
     """The stacked expert tensors that `quantize_experts` keeps quantized: a projection's
     when all its tensors are Q4_0, Q4_1, Q8_0 or Q4_K of one plane width (as
-    `quant.swap_int4_linears` requires of a fused layer)."""
+    `quant.swap_int4_linears` requires of a fused layer), or, where the few-row GEMV runs
+    (`has_gemv`), all Q6_K."""
     names: set[str] = set()
     for layer in range(config.num_layers):
         if not config.is_moe_layer(layer):
             continue
         for parts in expert_tensor_names(layer).values():
-            if _quantizable([tensors.get(name) for name in parts]):
+            if _quantizable([tensors.get(name) for name in parts], has_gemv):
                 names.update(parts)
     return names
 
 
-def _quantizable(found: list[ReaderTensor | None]) -> bool:
-    if not all(t is not None and t.tensor_type in INT4_TYPES for t in found):
+def _quantizable(found: list[ReaderTensor | None], has_gemv: bool) -> bool:
+    if any(t is None for t in found):
         return False
-    return len({t.tensor_type == GGMLQuantizationType.Q8_0 for t in found}) == 1  # one width
+    kinds = {t.tensor_type for t in found}
+    if kinds == {Q6_K}:
+        return has_gemv
+    return kinds <= INT4_TYPES.keys() and (Q8_0 not in kinds or len(kinds) == 1)  # one width
 
 
 def quantize_experts(
@@ -110,8 +140,11 @@ def quantize_experts(
     (`quantized_expert_tensors`) for QuantExperts; returns how many layers were swapped.
     Call it on the model before its parameters are allocated (on the meta device): a
     projection kept quantized is then never allocated in float; one that is not stays
-    the Experts' parameter, to be allocated and loaded as before. `max_int4_rows` and
-    `is_w4a8` choose the kernels as for the dense layers (`quant.swap_int4_linears`)."""
+    the Experts' parameter, to be allocated and loaded as before. Q6_K projections, and
+    Q8_0 ones unless `is_w4a8`, run on the few-row GEMV's layout where it runs
+    (`GemvLinear`); the others on the kernels `max_int4_rows` and `is_w4a8` choose for the
+    dense layers (`quant.swap_int4_linears`)."""
+    gemv = gemv_kernel()
     num_swapped = 0
     for layer, block in enumerate(model.model.layers):
         if not isinstance(block.mlp, MoE):
@@ -121,18 +154,27 @@ def quantize_experts(
             projections[attr] = getattr(experts, attr)
             if all(name in names for name in parts):
                 stacked = [tensors[name] for name in parts]
-                projections[attr] = _expert_linears(stacked, max_int4_rows, is_w4a8)
+                kinds = {t.tensor_type for t in stacked}
+                if gemv is not None and (kinds == {Q6_K} or (kinds == {Q8_0} and not is_w4a8)):
+                    projections[attr] = _gemv_linears(stacked, gemv)
+                else:
+                    projections[attr] = _expert_linears(stacked, max_int4_rows, is_w4a8)
         if any(isinstance(p, nn.ModuleList) for p in projections.values()):
             block.mlp.experts = QuantExperts(**projections)
             num_swapped += 1
     return num_swapped
 
 
+def _stacked_rows(stacked: list[ReaderTensor]) -> list[np.ndarray]:
+    """Each tensor's raw blocks as (experts, rows, row bytes)."""
+    return [np.asarray(t.data).reshape(int(t.shape[-1]), int(t.shape[-2]), -1) for t in stacked]
+
+
 def _expert_linears(
     stacked: list[ReaderTensor], max_int4_rows: int | None, is_w4a8: bool
 ) -> nn.ModuleList:
     """One Int4Linear per expert over its rows of `stacked` (concatenated in order)."""
-    raws = [np.asarray(t.data).reshape(int(t.shape[-1]), int(t.shape[-2]), -1) for t in stacked]
+    raws = _stacked_rows(stacked)
     in_features = int(stacked[0].shape[0])
     linears: list[Int4Linear] = []
     for expert in range(raws[0].shape[0]):
@@ -140,3 +182,27 @@ def _expert_linears(
         planes = tuple(torch.cat([p[i] for p in parts]) for i in range(3))
         linears.append(int4_linear(planes, in_features, max_int4_rows, is_w4a8))
     return nn.ModuleList(linears)
+
+
+def _gemv_linears(stacked: list[ReaderTensor], kernel: GemvKernel) -> nn.ModuleList:
+    """One GemvLinear per expert over its rows of `stacked` (all Q8_0 or all Q6_K,
+    concatenated in order)."""
+    raws = _stacked_rows(stacked)
+    is_q6 = stacked[0].tensor_type == Q6_K
+    linears: list[GemvLinear] = []
+    for expert in range(raws[0].shape[0]):
+        parts = [_int8_rows(raw[expert], is_q6) for raw in raws]
+        values, scales = (torch.cat([p[i] for p in parts]) for i in range(2))
+        weights: Int8Weights = (kernel.pack_q6 if is_q6 else kernel.pack_q8)(values, scales)
+        linears.append(GemvLinear(kernel, weights))
+    return nn.ModuleList(linears)
+
+
+def _int8_rows(raw: np.ndarray, is_q6: bool) -> tuple[Tensor, Tensor]:
+    """(values (N, K) int8, scales float32) of rows (N, row bytes) of Q6_K (a scale per 16)
+    or Q8_0 (per 32) blocks: w = value scale, as gguf dequantizes them."""
+    if is_q6:
+        return q6_k_rows(raw)
+    scales, blocks = _q8_0_split(raw)
+    values = np.ascontiguousarray(blocks).view(np.int8).reshape(raw.shape[0], -1)
+    return torch.from_numpy(values), torch.from_numpy(scales)

@@ -177,7 +177,8 @@ def write_gguf(
     """Matrices in `qtype` (F32 for the rest), as llama.cpp would convert `model`, but those
     `types` names (GGUF names: `q4_k_m_types`) in their own; `configure` may add metadata
     (a tokenizer, for llama.cpp) before the file is written. The stacked experts are in
-    `expert_qtype`, each projection whose rows do not divide into its blocks in F32."""
+    `expert_qtype` (or their own in `types`), each projection whose rows do not divide into
+    its blocks in F32."""
     c = model.config
     writer = GGUFWriter(str(path), arch)
     if configure is not None:
@@ -219,7 +220,8 @@ def write_gguf(
             projs = ("gate", "up") if len(parts) == 2 else ("down",)
             for proj, part in zip(projs, parts):
                 data = np.ascontiguousarray(part.float().numpy())
-                _add_stacked(writer, f"blk.{layer}.ffn_{proj}_exps.weight", data, expert_qtype)
+                stacked = f"blk.{layer}.ffn_{proj}_exps.weight"
+                _add_stacked(writer, stacked, data, (types or {}).get(stacked, expert_qtype))
             continue
         data = tensor.float().numpy()
         if arch == "llama" and ("q_proj" in name or "k_proj" in name):
