@@ -58,7 +58,7 @@ context; their local layers still skip the blocks out of the window.
 
 | format | `--quantization` | how it runs |
 |---|---|---|
-| GGUF Q4_0, Q4_1, Q8_0, Q4_K | `gguf` | kept quantized: each 32-weight block becomes one (scale, zero) group of PyTorch's CPU int4 kernel (`aten._weight_int4pack_mm_for_cpu`, bfloat16 activations); Q8_0 as two 4-bit planes; Q4_K's blocks of 32 with their 6-bit scales and mins (`superinfer/model/quant.py`). A fused q/k/v or gate/up whose parts differ in type (Q4_K q/k with a Q6_K v, as Q4_K_M files hold in about half their layers; 4-bit parts with a Q8_0 one) runs, where the few-row GEMV runs (not under `gguf-w4a8`), each part on the GEMV for steps of up to 8 rows and the fused layer dequantized for larger steps (`superinfer/model/quant_parts.py`: the parts' quantized copies take memory on top of the dense layer); elsewhere, or with a part in a type not listed here, it is dequantized. A Q8_0 token embedding stays Q8_0, and a step dequantizes the rows it reads. MoE experts (`ffn_{gate,up,down}_exps`) stay quantized too, one layer per expert on the same kernels, never in float (`superinfer/model/quant_moe.py`): Qwen3-30B-A3B's 29 billion expert weights take about 18 GB as 4-bit planes, 58 GB in bfloat16 |
+| GGUF Q4_0, Q4_1, Q8_0, Q4_K | `gguf` | kept quantized: each 32-weight block becomes one (scale, zero) group of PyTorch's CPU int4 kernel (`aten._weight_int4pack_mm_for_cpu`, bfloat16 activations); Q8_0 as two 4-bit planes; Q4_K's blocks of 32 with their 6-bit scales and mins (`superinfer/model/quant.py`). A fused q/k/v or gate/up whose parts differ in type (Q4_K q/k with a Q6_K v, as Q4_K_M files hold in about half their layers; 4-bit parts with a Q8_0 one) runs, where the few-row GEMV runs (not under `gguf-w4a8`), each part on the GEMV for steps of up to 8 rows and the fused layer dequantized for larger steps (`superinfer/model/quant_parts.py`: the parts' quantized copies take memory on top of the dense layer); elsewhere, or with a part in a type not listed here, it is dequantized. A Q8_0 token embedding stays Q8_0, and a step dequantizes the rows it reads. MoE experts (`ffn_{gate,up,down}_exps`) stay quantized too (Q6_K ones as well, where the few-row GEMV runs), one layer per expert, never in float (`superinfer/model/quant_moe.py`): Qwen3-30B-A3B's 29 billion expert weights take about 18 GB as 4-bit planes, 58 GB in bfloat16 |
 | GGUF Q6_K (Q4_K_M files' lm_head, some ffn_down and attn_v) | `gguf` | where the few-row GEMV runs (AVX-512 BF16), steps of up to 8 rows (lm_head: 4) run it on the 6-bit values as int8 with a float scale per 16 inputs (`superinfer/model/csrc/q_gemv.c`); larger steps, and every step elsewhere or under `gguf-w4a8`, run the weights dequantized to `--dtype`. A Q6_K token embedding stays dequantized (as lm_head of a tied model, it runs the GEMV) |
 | GGUF, any type gguf-py dequantizes (F16, Q6_K, Q5_K, ...) | `none` | dequantized to `--dtype` at load |
 | safetensors float checkpoints | `none` | as stored, in `--dtype` |
@@ -82,8 +82,12 @@ run, keeps a dense bfloat16 copy of the same weights for steps of more than 8 ro
 (lm_head: 4 with the GEMV, 2 without).
 MoE experts never keep a dense copy: a step multiplies each expert that received rows by
 its group of rows (a loop over the active experts, as llama.cpp's `mul_mat_id`), on the
-GEMV or the 4-bit GEMM by the expert's rows; Q8_0 experts, or 4-bit ones where the GEMM
-cannot run, run every step on PyTorch's int4 kernel.
+GEMV or the 4-bit GEMM by the expert's rows. Q6_K experts (Q4_K_M files' ffn_down_exps in
+about half the layers) and Q8_0 ones (not under `gguf-w4a8`) are held only in the GEMV's
+8-bit layout (1.25 bytes a weight, `superinfer/model/gemv_linear.py`): steps of up to 8 rows
+run the GEMV, larger ones unpack the expert's weights to a transient bfloat16 matrix; where
+the GEMV cannot run, Q6_K experts are dequantized and Q8_0 ones, like 4-bit ones without
+the GEMM, run every step on PyTorch's int4 kernel.
 
 AWQ and GPTQ checkpoints take the same CPU path as GGUF Q4_1, after their groups are
 converted (above); `auto` reads the method from config.json and runs them in bfloat16 (an
