@@ -3,9 +3,14 @@
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/moe_memory.py \\
         --out docs/results/models/moe_quant_1205/moe_memory.json
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/moe_memory.py --expert-types q4_k_m \\
+        --out docs/results/models/moe_quant_1205/moe_memory_q4_k_m.json
 
 Writes a synthetic Qwen3-MoE GGUF (seeded random weights, every matrix Q4_0, the router in
-float; --layers, --experts of --expert-size inputs, 4 of them a token), then for each
+float; --layers, --experts of --expert-size inputs, 4 of them a token; the experts in
+--expert-types: q4_0, q8_0, or q4_k_m as llama.cpp's Q4_K_M writes them, gate and up Q4_K
+and down Q6_K in every other layer, Q4_K in the others, which needs --hidden and
+--expert-size multiples of 256), then for each
 quantization loads it in a fresh process (bfloat16, as the server does) and reports:
 - peak resident memory of the load (`ru_maxrss`), and resident memory after it;
 - the bytes the experts hold (their parameters, buffers and kernels' packed weights, as
@@ -36,6 +41,9 @@ from gguf.quants import quantize
 
 REPO = Path(__file__).resolve().parent.parent
 HEAD_DIM, NUM_HEADS, VOCAB = 128, 8, 1024
+Q4_0, Q8_0 = GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q8_0
+Q4_K, Q6_K = GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K
+EXPERT_TYPES = ("q4_0", "q8_0", "q4_k_m")
 
 MEASURE = """
 import json, os, resource, statistics, sys, time
@@ -91,8 +99,30 @@ print("RESULT " + json.dumps({{"batch32_step_ms": round(statistics.median(batch_
 """
 
 
-def write_moe(path: Path, num_layers: int, size: int, num_experts: int, inner: int) -> int:
-    """A Qwen3-MoE GGUF of Q4_0 matrices (seed 0); returns its number of expert weights."""
+def expert_qtypes(expert_types: str, layer: int) -> dict[str, GGMLQuantizationType]:
+    """The type of each of a layer's expert projections (gate, up, down)."""
+    if expert_types == "q4_k_m":
+        return {"gate": Q4_K, "up": Q4_K, "down": Q6_K if layer % 2 == 0 else Q4_K}
+    kind = Q8_0 if expert_types == "q8_0" else Q4_0
+    return dict.fromkeys(("gate", "up", "down"), kind)
+
+
+def quantized(data: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
+    """GGUF bytes of (..., K) float32: gguf-py's quantizer, or the tests' for Q4_K and Q6_K
+    (which gguf-py does not write)."""
+    if qtype not in (Q4_K, Q6_K):
+        return quantize(data, qtype)
+    sys.path.insert(0, str(REPO))
+    from tests.model.gguf_tiny import quantize_q4_k, quantize_q6_k
+
+    pack = quantize_q4_k if qtype == Q4_K else quantize_q6_k
+    return pack(data.reshape(-1, data.shape[-1])).reshape(*data.shape[:-1], -1)
+
+
+def write_moe(path: Path, num_layers: int, size: int, num_experts: int, inner: int,
+              expert_types: str = "q4_0") -> int:  # fmt: skip
+    """A Qwen3-MoE GGUF of Q4_0 matrices and experts in `expert_types` (seed 0); returns its
+    number of expert weights."""
     rng = np.random.default_rng(0)
     writer = GGUFWriter(str(path), "qwen3moe")
     writer.add_block_count(num_layers)
@@ -113,9 +143,8 @@ def write_moe(path: Path, num_layers: int, size: int, num_experts: int, inner: i
     def matrix(*shape: int) -> np.ndarray:
         return rng.standard_normal(shape, dtype=np.float32) * 0.05
 
-    def q4(name: str, *shape: int) -> None:
-        q = GGMLQuantizationType.Q4_0
-        writer.add_tensor(name, quantize(matrix(*shape), q), raw_dtype=q)
+    def q4(name: str, *shape: int, qtype: GGMLQuantizationType = Q4_0) -> None:
+        writer.add_tensor(name, quantized(matrix(*shape), qtype), raw_dtype=qtype)
 
     q4("token_embd.weight", VOCAB, size)
     q4("output.weight", VOCAB, size)
@@ -130,9 +159,10 @@ def write_moe(path: Path, num_layers: int, size: int, num_experts: int, inner: i
         q4(b + "attn_v.weight", NUM_HEADS // 2 * HEAD_DIM, size)
         q4(b + "attn_output.weight", size, NUM_HEADS * HEAD_DIM)
         writer.add_tensor(b + "ffn_gate_inp.weight", matrix(num_experts, size))
-        q4(b + "ffn_gate_exps.weight", num_experts, inner, size)
-        q4(b + "ffn_up_exps.weight", num_experts, inner, size)
-        q4(b + "ffn_down_exps.weight", num_experts, size, inner)
+        kinds = expert_qtypes(expert_types, i)
+        q4(b + "ffn_gate_exps.weight", num_experts, inner, size, qtype=kinds["gate"])
+        q4(b + "ffn_up_exps.weight", num_experts, inner, size, qtype=kinds["up"])
+        q4(b + "ffn_down_exps.weight", num_experts, size, inner, qtype=kinds["down"])
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -160,22 +190,36 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--decode-steps", type=int, default=32)
+    parser.add_argument(
+        "--expert-types",
+        choices=EXPERT_TYPES,
+        default="q4_0",
+        help="the experts' GGUF types (q4_k_m: Q4_K, down Q6_K every other layer)",
+    )
     parser.add_argument("--out", help="write the results as JSON")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "moe-q4_0.gguf"
-        num_weights = write_moe(path, args.layers, args.hidden, args.experts, args.expert_size)
+        path = Path(tmp) / f"moe-{args.expert_types}.gguf"
+        num_weights = write_moe(path, args.layers, args.hidden, args.experts, args.expert_size,
+                                args.expert_types)  # fmt: skip
         results = [measure(path, q, args) for q in ("none", "auto")]
     none, auto = results
     for r in results:
         print(f"{r['quantization']:5s} peak RSS {r['peak_rss_mb']:6d} MB  after load "
               f"{r['rss_after_load_mb']:6d} MB  experts {r['expert_bytes'] / 2**20:8.1f} MiB  "
               f"TPOT {r['tpot_ms']:.2f} ms  batch-32 step {r['batch32_step_ms']:.1f} ms")  # fmt: skip
-    first = next((i for i, (a, b) in enumerate(zip(none["tokens"], auto["tokens"])) if a != b), None)
+    first = next(
+        (i for i, (a, b) in enumerate(zip(none["tokens"], auto["tokens"])) if a != b), None
+    )
     # margins[i]: top-1 minus top-2 logit at the step that chose tokens[i]
-    where = "identical" if first is None else (
-        f"first differ at step {first}, where none's top-2 logits were "
-        f"{none['margins'][first]} apart (logits up to {max(none['margins']):.2f} apart)")
+    where = (
+        "identical"
+        if first is None
+        else (
+            f"first differ at step {first}, where none's top-2 logits were "
+            f"{none['margins'][first]} apart (logits up to {max(none['margins']):.2f} apart)"
+        )
+    )
     print(f"expert weights {num_weights:,}; greedy tokens auto vs none: {where}")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
