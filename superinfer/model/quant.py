@@ -39,8 +39,8 @@ gguf-w4a8` every step of the 4-bit and Q8_0 layers runs the GEMM of `cpu_w4a8` i
 What runs quantized: the linear layers (q/k/v, o, gate/up, down, lm_head) whose tensors
 are all of these types (`quantize_linears`; mixed ones for steps of a few rows, above), a
 Q8_0 token embedding (`Q8Embedding`), and a mixture of experts' stacked expert tensors
-(`quant_moe`, one `int4_linear` per expert and projection: these kernels, but never a
-dense copy).
+(`quant_moe`, one layer per expert and projection, never a dense copy: `int4_linear` on
+these kernels, or, for Q6_K and Q8_0 experts where the GEMV runs, `gemv_linear`).
 """
 
 from __future__ import annotations
