@@ -95,3 +95,18 @@ class PagedRun:
             self.tokens[seq].append(out[-1])
             logits = self.step([(seq, 1)])
         return out
+
+
+def greedy_logits(
+    model: LlamaForCausalLM, prompt: Sequence[int], num_tokens: int, block_size: int = 4
+) -> tuple[list[int], torch.Tensor]:
+    """`PagedRun.greedy`'s tokens, and the logits (num_tokens, vocab) each was taken from."""
+    run = PagedRun(model, 64, block_size)
+    seq = run.add(prompt)
+    logits, tokens, seen = run.step([(seq, len(prompt))])[0], [], []
+    for _ in range(num_tokens):
+        seen.append(logits)
+        tokens.append(int(logits.argmax()))
+        run.tokens[seq].append(tokens[-1])
+        logits = run.step([(seq, 1)])[0]
+    return tokens, torch.stack(seen)

@@ -41,7 +41,7 @@ from tests.model.gguf_tiny import (
     tiny_qwen3_moe_gguf_config,
     write_gguf,
 )
-from tests.model.paged import PagedRun
+from tests.model.paged import PagedRun, greedy_logits
 from tests.model.tiny import PROMPT, TINY, save_tiny, tiny_configs
 
 CPU = torch.device("cpu")
@@ -366,19 +366,6 @@ def test_q4_k_m_file_runs_its_q6_k_layers_on_the_gemv(q4_k_m_file) -> None:
         assert not any(isinstance(m, Q6KLinear) for m in w4a8.modules())
 
 
-def _greedy(model, num_steps: int) -> tuple[list[int], list[torch.Tensor]]:
-    """PagedRun.greedy's tokens, and the logits each was picked from."""
-    run = PagedRun(model, 16, 4)
-    seq = run.add(PROMPT)
-    logits, tokens, seen = run.step([(seq, len(PROMPT))])[0], [], []
-    for _ in range(num_steps):
-        seen.append(logits)
-        tokens.append(int(logits.argmax()))
-        run.tokens[seq].append(tokens[-1])
-        logits = run.step([(seq, 1)])[0]
-    return tokens, seen
-
-
 def _q6_k_kept_dense(model: nn.Module) -> nn.Module:
     """`model` with each Q6KLinear replaced by its dense layer: Q6_K dequantized, as before."""
     for name, module in list(model.named_modules()):
@@ -397,7 +384,7 @@ def test_q4_k_m_greedy_tokens_under_auto_are_those_of_the_dequantized_file(q4_k_
     load = functools.partial(load_gguf_model, str(q4_k_m_file), torch.bfloat16, CPU)
     models = {"none": load("none")[0], "auto": load("auto")[0],
               "auto, Q6_K dense": _q6_k_kept_dense(load("auto")[0])}  # fmt: skip
-    runs = {name: _greedy(model, 24) for name, model in models.items()}
+    runs = {name: greedy_logits(model, PROMPT, 24) for name, model in models.items()}
     (expected, reference), (tokens, logits) = runs["none"], runs["auto"]
     step = next((i for i, (a, b) in enumerate(zip(expected, tokens)) if a != b), len(tokens))
     for ref, got in zip(reference[: step + 1], logits):  # the same tokens so far

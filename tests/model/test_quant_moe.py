@@ -20,7 +20,7 @@ from superinfer.model.moe import Experts
 from superinfer.model.quant import Int4Linear, int4_kernel_available
 from superinfer.model.quant_moe import QuantExperts
 from tests.model.gguf_tiny import tiny_qwen3_moe_gguf_config, write_gguf
-from tests.model.paged import PagedRun
+from tests.model.paged import greedy_logits
 from tests.model.tiny import PROMPT, save_tiny, tiny_configs
 
 pytestmark = pytest.mark.skipif(not int4_kernel_available(), reason="no int4 CPU kernel")
@@ -145,19 +145,6 @@ def test_w4a8_experts_compute_the_dequantized_experts_on_8_bit_activations(
     assert torch.cosine_similarity(got, expected, dim=-1).min() > 0.999
 
 
-def _greedy(model: nn.Module, prompt: list[int], num_tokens: int) -> tuple[list[int], Tensor]:
-    """Greedy tokens, one a step after the prefill, and the logits each was taken from."""
-    run = PagedRun(model, 64, 4)
-    seq = run.add(prompt)
-    logits, tokens, steps = run.step([(seq, len(prompt))])[0], [], []
-    for _ in range(num_tokens):
-        steps.append(logits)
-        tokens.append(int(logits.argmax()))
-        run.tokens[seq].append(tokens[-1])
-        logits = run.step([(seq, 1)])[0]
-    return tokens, torch.stack(steps)
-
-
 def _assert_same_or_near_tie(got: list[int], expected: list[int], logits: Sequence[Tensor]) -> int:
     """Equal tokens, or the first that differ were near-tied in each model's logits at
     that step (the same context); returns how many steps agree."""
@@ -183,8 +170,8 @@ def test_greedy_tokens_match_the_dequantized_file(name, qtype, min_same, gguf_fi
     path = gguf_file(name, qtype)
     dense, quantized = _load(path, "none"), _load(path, "auto")
     assert sum(isinstance(m, QuantExperts) for m in quantized.modules()) == 2
-    expected, expected_logits = _greedy(dense, PROMPT, 24)
-    tokens, logits = _greedy(quantized, PROMPT, 24)
+    expected, expected_logits = greedy_logits(dense, PROMPT, 24)
+    tokens, logits = greedy_logits(quantized, PROMPT, 24)
     same = _assert_same_or_near_tie(tokens, expected, [logits, expected_logits])
     assert same >= min_same  # at most a late divergence
     similarity = torch.cosine_similarity(logits[: same + 1], expected_logits[: same + 1], dim=-1)
@@ -281,6 +268,6 @@ def test_engine_serves_a_gguf_moe_with_quantized_experts(gguf_file, monkeypatch)
         llm.engine.close()
     dense = _load(path, "none")
     for prompt, output in zip(prompts, outputs):
-        expected, expected_logits = _greedy(dense, prompt, 12)
+        expected, expected_logits = greedy_logits(dense, prompt, 12)
         tokens = list(output.outputs[0].token_ids)
         assert _assert_same_or_near_tie(tokens, expected, [expected_logits]) >= 6

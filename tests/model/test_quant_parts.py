@@ -5,7 +5,6 @@ that dense layer, the file dequantized, the flat decode loop and the engine."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
 
 import pytest
 import torch
@@ -22,7 +21,7 @@ from superinfer.model.loader import load_gguf_model
 from superinfer.model.quant import int4_kernel_available
 from superinfer.model.quant_parts import MixedLinear
 from tests.model.gguf_tiny import q4_k_m_types, write_gguf
-from tests.model.paged import PagedRun
+from tests.model.paged import greedy_logits
 from tests.model.test_cpu_decode import _decode_both_ways
 from tests.model.test_quant import K_QUANT_SIZES, _k_quant_model
 from tests.model.tiny import PROMPT, TINY
@@ -140,19 +139,6 @@ def test_mixed_fused_layers_run_their_parts_on_the_gemv(name, gguf_file) -> None
         assert all(type(model.get_submodule(m)) is nn.Linear for m in expected)
 
 
-def _greedy(model: nn.Module, prompt: Sequence[int], num_steps: int) -> tuple[list[int], Tensor]:
-    """Greedy tokens, one a step after the prefill, and the logits each was taken from."""
-    run = PagedRun(model, 64, 4)
-    seq = run.add(prompt)
-    logits, tokens, seen = run.step([(seq, len(prompt))])[0], [], []
-    for _ in range(num_steps):
-        seen.append(logits)
-        tokens.append(int(logits.argmax()))
-        run.tokens[seq].append(tokens[-1])
-        logits = run.step([(seq, 1)])[0]
-    return tokens, torch.stack(seen)
-
-
 def _agreeing_steps(tokens: list[int], expected: list[int], logits: Tensor) -> int:
     """How many steps pick the expected tokens; where they part, the expected model's top
     two logits nearly tie."""
@@ -177,14 +163,14 @@ def test_greedy_tokens_under_auto_are_those_of_the_dequantized_file(name, gguf_f
     a near-tie); against auto with the mixed layers dense, the parts' GEMV moves the logits
     by bfloat16 roundings only: the same tokens."""
     load = functools.partial(_load, gguf_file(name))
-    expected, reference = _greedy(load("none"), PROMPT, 24)
+    expected, reference = greedy_logits(load("none"), PROMPT, 24)
     auto = load("auto")
     assert _mixed_layers(auto)
-    tokens, logits = _greedy(auto, PROMPT, 24)
+    tokens, logits = greedy_logits(auto, PROMPT, 24)
     same = _agreeing_steps(tokens, expected, reference)
     assert same >= 12 and len(set(expected)) > 8  # not one token over and over
     assert (logits[: same + 1] - reference[: same + 1]).abs().max() < 0.1 * reference.abs().max()
-    dense_tokens, dense_logits = _greedy(_mixed_kept_dense(load("auto")), PROMPT, 24)
+    dense_tokens, dense_logits = greedy_logits(_mixed_kept_dense(load("auto")), PROMPT, 24)
     assert dense_tokens == tokens
     assert (logits - dense_logits).abs().max() <= 2**-6 * dense_logits.abs().max()
 
@@ -228,5 +214,5 @@ def test_engine_serves_a_q4_k_m_file_with_mixed_layers(gguf_file, monkeypatch) -
         llm.engine.close()
     dense = _load(path, "none")
     for prompt, output in zip(prompts, outputs):
-        expected, logits = _greedy(dense, prompt, 12)
+        expected, logits = greedy_logits(dense, prompt, 12)
         assert _agreeing_steps(list(output.outputs[0].token_ids), expected, logits) >= 6
