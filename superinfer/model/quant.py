@@ -17,9 +17,10 @@ are then rounded to bfloat16, the kernel's dtype):
 Q6_K (super-blocks of 256, fp16 d, an int8 scale sc per block of 16, 6-bit q: w = d sc
 (q - 32)) does not fit the groups of 32. Its layers (`Q6KLinear`: Q4_K_M files hold
 lm_head and some layers' ffn_down and attn_v as Q6_K) run steps of a few rows on the GEMV
-of `cpu_gemv`, over q - 32 as int8 and the float32 d sc (exact), and larger steps on the
-dense layer the loader built from the same weights; where that GEMV cannot run, and under
-`gguf-w4a8`, they stay dense (dequantized at load).
+of `cpu_gemv`, over Q6_K's own bits (6.625 a weight: `q6_k_parts`, `pack_q6_k`; each 16
+inputs scaled by the float32 d sc, exact), and larger steps on the dense layer the loader
+built from the same weights; where that GEMV cannot run, and under `gguf-w4a8`, they stay
+dense (dequantized at load).
 
 Fused projections (q/k/v, gate/up) concatenate their GGUF tensors' rows, which is exact. A
 fused layer whose parts differ in type (Q4_K q/k with a Q6_K v, as llama.cpp's Q4_K_M

@@ -18,8 +18,8 @@
  * Q8_0 layout with q - 32 as the int8 values and, beside each block, the 16 columns' float
  * d sc of inputs 0..15 then of inputs 16..31, where Q8_0 has its scales and offsets (10 bits
  * a weight: a MoE's experts, which unpack_int8_bf16 writes back); and q6k_gemv's, Q6_K's
- * own bits (6.625 a weight, see pack_q6_k), read by a Q6_K layer's steps in 0.5-0.75 of
- * q6_gemv's time.
+ * own bits (6.625 a weight, see pack_q6_k), read by a Q6_K layer's steps in 0.49-0.64 of
+ * q6_gemv's time (2 threads, benchmarks/q6k_gemv.py).
  *
  * `unpack_int8_bf16` writes 8-bit weights back as bfloat16 rows, for a step of more rows
  * than these take (a MoE's experts, kept only in this layout: quant_moe.py).
