@@ -17,9 +17,10 @@ are then rounded to bfloat16, the kernel's dtype):
 Q6_K (super-blocks of 256, fp16 d, an int8 scale sc per block of 16, 6-bit q: w = d sc
 (q - 32)) does not fit the groups of 32. Its layers (`Q6KLinear`: Q4_K_M files hold
 lm_head and some layers' ffn_down and attn_v as Q6_K) run steps of a few rows on the GEMV
-of `cpu_gemv`, over q - 32 as int8 and the float32 d sc (exact), and larger steps on the
-dense layer the loader built from the same weights; where that GEMV cannot run, and under
-`gguf-w4a8`, they stay dense (dequantized at load).
+of `cpu_gemv`, over Q6_K's own bits (6.625 a weight: `q6_k_parts`, `pack_q6_k`; each 16
+inputs scaled by the float32 d sc, exact), and larger steps on the dense layer the loader
+built from the same weights; where that GEMV cannot run, and under `gguf-w4a8`, they stay
+dense (dequantized at load).
 
 Fused projections (q/k/v, gate/up) concatenate their GGUF tensors' rows, which is exact. A
 fused layer whose parts differ in type (Q4_K q/k with a Q6_K v, as llama.cpp's Q4_K_M
@@ -55,7 +56,7 @@ from torch import Tensor, nn
 
 from superinfer.model.config import ModelConfig
 from superinfer.model.cpu_gemv import MAX_ROWS as GEMV_MAX_ROWS
-from superinfer.model.cpu_gemv import GemvKernel, Q6Weights, Q8Weights, gemv_kernel
+from superinfer.model.cpu_gemv import GemvKernel, Q6KWeights, Q8Weights, gemv_kernel
 from superinfer.model.cpu_q4 import Q4Weights, q4_kernel
 from superinfer.model.cpu_w4a8 import W4A8Kernel, W4A8Weights, w4a8_kernel
 
@@ -192,12 +193,13 @@ def dequantize_planes(planes: Planes, in_features: int, dtype: torch.dtype) -> T
 
 class Q6KLinear(nn.Module):
     """A frozen linear layer over GGUF Q6_K weights: steps of up to `max_gemv_rows` rows run
-    the few-row GEMV of `cpu_gemv` over `weights` (`q6_k_values`, bias included), larger
+    the few-row GEMV of `cpu_gemv` over `weights` (`q6_k_parts` in Q6_K's own layout, 6.625
+    bits a weight, bias included), larger
     steps `dense`, a layer holding the same weights dequantized (the loader's own, tied to
     the embedding for a tied lm_head)."""
 
     def __init__(
-        self, kernel: GemvKernel, weights: Q6Weights, dense: nn.Module, max_gemv_rows: int
+        self, kernel: GemvKernel, weights: Q6KWeights, dense: nn.Module, max_gemv_rows: int
     ) -> None:
         super().__init__()
         if max_gemv_rows > GEMV_MAX_ROWS:
@@ -307,9 +309,22 @@ def q6_k_values(tensor: ReaderTensor) -> tuple[Tensor, Tensor]:
     return q6_k_rows(np.asarray(tensor.data).reshape(int(tensor.shape[-1]), -1))
 
 
+def q6_k_parts(tensor: ReaderTensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(values (N, K) int8 in -32..31, sc (N, K / 16) int8, d (N, K / 256) float32) of a
+    Q6_K tensor: `q6_k_values` with its scales d sc as their two factors."""
+    return q6_k_row_parts(np.asarray(tensor.data).reshape(int(tensor.shape[-1]), -1))
+
+
 def q6_k_rows(raw: np.ndarray) -> tuple[Tensor, Tensor]:
     """`q6_k_values` of rows (N, row bytes) of Q6_K super-blocks: a matrix, or one
     expert's of a stacked (experts, rows, columns) tensor."""
+    values, sc, d = q6_k_row_parts(raw)
+    scales = d.repeat_interleave(16, 1) * sc.float()  # as gguf computes it (exact)
+    return values, scales
+
+
+def q6_k_row_parts(raw: np.ndarray) -> tuple[Tensor, Tensor, Tensor]:
+    """`q6_k_parts` of rows (N, row bytes) of Q6_K super-blocks."""
     num_rows = raw.shape[0]
     blocks = raw.reshape(-1, 210)
     ql = blocks[:, :128].reshape(-1, 2, 1, 64)
@@ -318,8 +333,8 @@ def q6_k_rows(raw: np.ndarray) -> tuple[Tensor, Tensor]:
     high = (blocks[:, 128:192].reshape(-1, 2, 1, 32) >> shifts) & 3  # (n, 2, 4, 32)
     values = (low | (high.reshape(-1, 2, 128) << 4)).view(np.int8) - np.int8(32)
     d = blocks[:, 208:].copy().view(np.float16).astype(np.float32)  # (n, 1)
-    scales = d * blocks[:, 192:208].view(np.int8).astype(np.float32)  # as gguf computes it
-    out = (values.reshape(num_rows, -1), scales.reshape(num_rows, -1))
+    sc = blocks[:, 192:208].view(np.int8)
+    out = (values.reshape(num_rows, -1), sc.reshape(num_rows, -1), d.reshape(num_rows, -1))
     return tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in out)
 
 
@@ -383,7 +398,7 @@ def quantize_linears(
         if kinds <= INT4_TYPES.keys() and not _mixes_widths(kinds):
             chosen, unpack = planes, int4_planes
         elif kinds == {Q6_K} and gemv is not None:
-            chosen, unpack = q6, q6_k_values
+            chosen, unpack = q6, q6_k_parts
         elif len(kinds) > 1 and kinds <= QUANT_TYPES.keys() and gemv is not None:
             chosen, unpack = mixed, typed_values
         else:
@@ -408,9 +423,9 @@ def _mixes_widths(kinds: set[GGMLQuantizationType]) -> bool:
 
 
 def typed_values(tensor: ReaderTensor) -> tuple[GGMLQuantizationType, tuple[Tensor, ...]]:
-    """A tensor's type and its `q6_k_values` (Q6_K) or `int4_planes` (the other types)."""
+    """A tensor's type and its `q6_k_parts` (Q6_K) or `int4_planes` (the other types)."""
     kind = tensor.tensor_type
-    return kind, q6_k_values(tensor) if kind == Q6_K else int4_planes(tensor)
+    return kind, q6_k_parts(tensor) if kind == Q6_K else int4_planes(tensor)
 
 
 def _part_rows(config: ModelConfig, name: str) -> list[int]:
@@ -422,7 +437,7 @@ def _part_rows(config: ModelConfig, name: str) -> list[int]:
 
 
 def _split_rows(planes: tuple[Tensor, ...], sizes: list[int]) -> list[tuple[Tensor, ...]]:
-    """One fused tensor's planes (or Q6_K values and scales) as its parts' (so q/k rows can
+    """One fused tensor's planes (or Q6_K values, sc and d) as its parts' (so q/k rows can
     be reordered for RoPE)."""
     return [tuple(parts) for parts in zip(*(p.split(sizes) for p in planes))]
 
@@ -521,13 +536,13 @@ def _keep_larger_steps(
 
 def swap_q6_k_linears(
     model: nn.Module,
-    values: dict[str, list[tuple[Tensor, Tensor]]],
+    values: dict[str, list[tuple[Tensor, Tensor, Tensor]]],
     interleaved_qk: bool,
     kernel: GemvKernel,
     max_gemv_rows: int,
 ) -> list[str]:
-    """Swap each linear layer named in `values` for a Q6KLinear over its parts' Q6_K values
-    and scales (`q6_k_values`; concatenated and reordered as `swap_int4_linears` does) that
+    """Swap each linear layer named in `values` for a Q6KLinear over its parts' Q6_K values,
+    sc and d (`q6_k_parts`; concatenated and reordered as `swap_int4_linears` does) that
     runs steps of up to `max_gemv_rows` rows (lm_head: LM_HEAD_GEMV_MAX_ROWS, as for Q8_0)
     on `kernel` and larger ones on the layer itself; returns the names swapped."""
     head_dim = model.config.head_dim
@@ -538,9 +553,9 @@ def swap_q6_k_linears(
             continue
         if not interleaved_qk and name.endswith("qkv_proj"):
             parts = [_interleave(p, head_dim) for p in parts[:2]] + list(parts[2:])
-        q, scales = (torch.cat([p[i] for p in parts]) for i in range(2))
+        q, sc, d = (torch.cat([p[i] for p in parts]) for i in range(3))
         rows = min(max_gemv_rows, LM_HEAD_GEMV_MAX_ROWS) if name == "lm_head" else max_gemv_rows
-        layer = Q6KLinear(kernel, kernel.pack_q6(q, scales, linear.bias), linear, rows)
+        layer = Q6KLinear(kernel, kernel.pack_q6_k(q, sc, d, linear.bias), linear, rows)
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent), child, layer)
         swapped.append(name)

@@ -7,15 +7,15 @@ int4 kernels' groups of 32; Q8_0's two planes are twice a 4-bit part's width), s
 stay dense. `MixedLinear` keeps that dense fused layer for steps of more rows than the GEMV
 takes (prefill, large batches: as before), and for steps of up to `max_gemv_rows` rows
 (decode of a few sequences) runs each part on `cpu_gemv`'s GEMV over its own weights, bias
-included: Q4_0, Q4_1 and Q4_K parts on `cpu_q4`'s packing, Q8_0 and Q6_K parts on the
-8-bit layout (consecutive parts of one layout, as Q4_K q and k, as one), and concatenates
-their outputs in the dense layer's row order (q and k reordered for RoPE as
+included: Q4_0, Q4_1 and Q4_K parts on `cpu_q4`'s packing, Q8_0 parts on the 8-bit layout,
+Q6_K parts on Q6_K's own (consecutive parts of one layout, as Q4_K q and k, as one), and
+concatenates their outputs in the dense layer's row order (q and k reordered for RoPE as
 `quant.swap_int4_linears` reorders them).
 
 Memory: the dense layer stays, and the parts' quantized copies come on top of it: 0.625
 bytes a weight for a 4-bit part (4 bits, a bfloat16 scale and zero per 32), 1.25 for a
-Q8_0 or Q6_K one (8 bits, 8 bytes of scales per 32), against the dense layer's 2.
-Measured on Qwen3-0.6B's shape as a Q4_K_M-like file (benchmarks/q6k_decode.py,
+Q8_0 one (8 bits, 8 bytes of scales per 32), 0.83 for a Q6_K one (6.625 bits), against the
+dense layer's 2. Measured on Qwen3-0.6B's shape as a Q4_K_M-like file (benchmarks/q6k_decode.py,
 docs/results/models/q6k_decode_1205/qwen3-0.6b_split.json: 14 of 28 layers' q/k/v mixed,
 2 threads): 46 MB more, and a decode step of one sequence takes 18.5 ms against 22.2 ms
 with those layers dense (llama.cpp: 16.7 ms).
@@ -33,12 +33,12 @@ from gguf import GGMLQuantizationType
 from torch import Tensor, nn
 
 from superinfer.model.cpu_gemv import MAX_ROWS as GEMV_MAX_ROWS
-from superinfer.model.cpu_gemv import GemvKernel, Q6Weights, Q8Weights
+from superinfer.model.cpu_gemv import GemvKernel, Q6KWeights, Q8Weights
 from superinfer.model.cpu_q4 import Q4Weights, q4_kernel
 from superinfer.model.quant import Q6_K, _interleave, dequantize_planes
 
-PartWeights = Q4Weights | Q8Weights | Q6Weights
-# a part's GGUF type and its `quant.typed_values`: 4-bit planes, or Q6_K values and scales
+PartWeights = Q4Weights | Q8Weights | Q6KWeights
+# a part's GGUF type and its `quant.typed_values`: 4-bit planes, or Q6_K values, sc and d
 TypedValues = tuple[GGMLQuantizationType, tuple[Tensor, ...]]
 
 
@@ -138,7 +138,7 @@ def _part_weights(
     weights = []
     for (kind, values), bias in zip(typed, biases):
         if kind == Q6_K:
-            weights.append(kernel.pack_q6(*values, bias))
+            weights.append(kernel.pack_q6_k(*values, bias))
         elif kind == GGMLQuantizationType.Q8_0:
             weights.append(kernel.pack_planes(values[0], values[1], linear.in_features, bias))
         else:

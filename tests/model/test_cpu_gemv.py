@@ -1,5 +1,5 @@
-"""The few-row GEMV (`csrc/q_gemv.c`; 4-bit, Q8_0 and Q6_K weights) against float64 products
-of the weights it reads."""
+"""The few-row GEMV (`csrc/q_gemv.c`; 4-bit, Q8_0 and Q6_K weights, Q6_K in the 8-bit layout
+and in its own) against float64 products of the weights it reads."""
 
 from __future__ import annotations
 
@@ -82,6 +82,53 @@ def test_q6_products_match_float64(num_rows, has_bias) -> None:
     assert_rounded_from(gemv_kernel()(x, weights), exact + (0 if bias is None else bias.double()))
 
 
+def random_q6_k(num_out: int, num_in: int, seed: int) -> tuple[torch.Tensor, ...]:
+    """Q6_K values in -32..31, int8 sc per 16 inputs (all of -128..127) and fp16 d per 256
+    (some negative)."""
+    g = torch.Generator().manual_seed(seed)
+    values = torch.randint(-32, 32, (num_out, num_in), generator=g)
+    sc = torch.randint(-128, 128, (num_out, num_in // 16), generator=g)
+    d = ((torch.rand(num_out, num_in // 256, generator=g) - 0.2) * 1e-3).half().float()
+    return values, sc, d
+
+
+def q6_k_scales(sc: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """The float scale d sc of each 16 inputs (exact), as `quant.q6_k_values` gives it."""
+    return d.repeat_interleave(16, 1) * sc.float()
+
+
+@pytest.mark.parametrize("num_rows", range(1, MAX_ROWS + 1))
+@pytest.mark.parametrize("has_bias", [False, True])
+def test_q6_k_layout_products_match_float64(num_rows, has_bias) -> None:
+    """Q6_K's own layout: each half-block's sums times its d sc; every value, sc and both
+    signs of d; a partial strip."""
+    num_out, num_in = 37, 512  # two strips of 16 columns and a partial one; 2 super-blocks
+    values, sc, d = random_q6_k(num_out, num_in, seed=num_rows)
+    bias = torch.randn(num_out) if has_bias else None
+    weights = gemv_kernel().pack_q6_k(values, sc, d, bias)
+    x = rows(num_rows, num_in, seed=num_rows)
+    w = values.double() * q6_k_scales(sc, d).double().repeat_interleave(16, 1)
+    assert_rounded_from(gemv_kernel()(x, weights), x.double() @ w.t() + (
+        0 if bias is None else bias.double()))  # fmt: skip
+
+
+def test_q6_k_layout_is_the_8_bit_layouts_function() -> None:
+    """The same products as `pack_q6`'s layout of the same weights, up to float order."""
+    values, sc, d = random_q6_k(50, 768, seed=5)
+    old = gemv_kernel().pack_q6(values, q6_k_scales(sc, d))
+    new = gemv_kernel().pack_q6_k(values, sc, d)
+    x = rows(MAX_ROWS, 768, seed=5)
+    y_old, y_new = gemv_kernel()(x, old), gemv_kernel()(x, new)
+    torch.testing.assert_close(y_new.double(), y_old.double(), rtol=2**-7, atol=1e-5)
+    assert (y_new == y_old).double().mean() > 0.95
+
+
+def test_q6_k_layout_refuses_shapes_off_super_blocks() -> None:
+    with pytest.raises(ValueError, match="multiple of 256"):
+        gemv_kernel().pack_q6_k(torch.zeros(8, 128, dtype=torch.int8),
+                                torch.ones(8, 8, dtype=torch.int8), torch.ones(8, 1))  # fmt: skip
+
+
 def test_a_rows_result_does_not_depend_on_the_rows_beside_it() -> None:
     """A request's tokens must not change with the batch it shares a step with."""
     nibbles, scales, zeros = random_q4(64, 192, seed=7)
@@ -90,12 +137,14 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it() -> None:
     q8 = gemv_kernel().pack_q8(torch.randint(-128, 128, (64, 192), generator=g),
                                torch.rand(64, 6, generator=g))  # fmt: skip
     q6 = gemv_kernel().pack_q6(*random_q6(64, 192, seed=7))
-    x = rows(MAX_ROWS, 192, seed=7)
-    for weights in (q4, q8, q6):
-        together = gemv_kernel()(x, weights)
+    q6_k = gemv_kernel().pack_q6_k(*random_q6_k(40, 256, seed=7))
+    x = rows(MAX_ROWS, 256, seed=7)
+    for weights in (q4, q8, q6, q6_k):
+        xw = x[:, : weights.num_in]
+        together = gemv_kernel()(xw, weights)
         for i in range(MAX_ROWS):
-            assert torch.equal(gemv_kernel()(x[i : i + 1], weights), together[i : i + 1])
-        assert torch.equal(gemv_kernel()(x[2:5], weights), together[2:5])
+            assert torch.equal(gemv_kernel()(xw[i : i + 1], weights), together[i : i + 1])
+        assert torch.equal(gemv_kernel()(xw[2:5], weights), together[2:5])
 
 
 def test_q8_planes_are_the_int8_values_with_bfloat16_scales() -> None:

@@ -14,9 +14,12 @@
  *   sum_k w_k x_k = d sum_k q_k x_k                                  (Q8_0, in float)
  *   sum_k w_k x_k = d_0 sum_{k<16} q_k x_k + d_1 sum_{k>=16} q_k x_k  (Q6_K, in float)
  *
- * Q6_K weights (w = d sc (q - 32), a scale per 16 inputs) use the Q8_0 layout with q - 32
- * as the int8 values and, beside each block, the 16 columns' float d sc of inputs 0..15
- * then of inputs 16..31, where Q8_0 has its scales and offsets.
+ * Q6_K weights (w = d sc (q - 32), a scale per 16 inputs) have two layouts: q6_gemv's, the
+ * Q8_0 layout with q - 32 as the int8 values and, beside each block, the 16 columns' float
+ * d sc of inputs 0..15 then of inputs 16..31, where Q8_0 has its scales and offsets (10 bits
+ * a weight: a MoE's experts, which unpack_int8_bf16 writes back); and q6k_gemv's, Q6_K's
+ * own bits (6.625 a weight, see pack_q6_k), read by a Q6_K layer's steps in 0.49-0.64 of
+ * q6_gemv's time (2 threads, benchmarks/q6k_gemv.py).
  *
  * `unpack_int8_bf16` writes 8-bit weights back as bfloat16 rows, for a step of more rows
  * than these take (a MoE's experts, kept only in this layout: quant_moe.py).
@@ -314,4 +317,162 @@ int unpack_int8_bf16(const int8_t *packed, const void *scales, int64_t num_out,
     (void)is_q6, (void)w, (void)num_threads;
     return -1;
 #endif
+}
+
+/* Q6_K weights in their own layout, at 6.625 bits a weight where the 8-bit layout above
+ * reads 10: w = d sc (q - 32), q = u in 0..63 (6 bits), sc an int8 per 16 inputs, d a float
+ * per 256 (a Q6_K super-block). Strips of 16 columns; per strip and block of 32 inputs a
+ * record of Q6K_RECORD bytes (made by pack_q6_k):
+ *
+ *   [0, 256)    chunk k (0..7) at 32 k: byte 2 c + i holds, in its low nibble, the low 4
+ *               bits of u of column c's input 2 k + i (pair k), in its high nibble those of
+ *               input 16 + 2 k + i (pair k + 8);
+ *   [256, 384)  chunk m (0..3) at 256 + 32 m: byte 2 c + i holds, in bits 2 s and 2 s + 1,
+ *               u >> 4 of column c's input 2 (m + 4 s) + i (pair m + 4 s), s in 0..3;
+ *   [384, 416)  sc of the 16 columns' inputs 0..15, then of inputs 16..31 (int8);
+ *
+ * and per strip and super-block, in `d`, the 16 columns' float d. A chunk widened to 32
+ * words (column c's pair in lane c) gives each weight's u in the low 6 bits of a word once
+ * its high bits are moved beside its nibble (bits above 5 are not read), and `vpermi2w`
+ * turns u into the bfloat16 of u - 32 (exact): the pairs then go to `vdpbf16ps` with the
+ * rows' bfloat16 pairs, as q4_strip does. Each half-block's sums are scaled by d sc, the
+ * float product q6_gemv's layout holds (exact: an 11-bit d times an int8). */
+#define Q6K_RECORD 416
+#define Q6K_SUPER 8 /* blocks of a super-block */
+
+#ifdef HAVE_GEMV
+/* `q4_strip` for Q6_K records: y (16 columns) for num_rows <= ROW_TILE rows of bfloat16 x. */
+static inline __attribute__((always_inline)) void q6k_strip(
+    const uint16_t *x, int64_t x_stride, int64_t num_blocks, const uint8_t *record,
+    const float *d, const __m512i table_lo, const __m512i table_hi, __m512 acc[ROW_TILE],
+    const int num_rows) {
+    const __m512i low4 = _mm512_set1_epi16(0x000F);
+    for (int r = 0; r < num_rows; r++) acc[r] = _mm512_setzero_ps();
+    __m512 dv = _mm512_setzero_ps();
+    for (int64_t b = 0; b < num_blocks; b++, record += Q6K_RECORD) {
+        if (b % Q6K_SUPER == 0) dv = _mm512_loadu_ps(d + (b / Q6K_SUPER) * 16);
+        /* per row and half, the even and odd pairs: 4 chains of vdpbf16ps a row */
+        __m512 sums[ROW_TILE][2][2];
+        for (int r = 0; r < num_rows; r++)
+            sums[r][0][0] = sums[r][0][1] = sums[r][1][0] = sums[r][1][1] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+        for (int m = 0; m < 4; m++) {
+            const __m512i high = _mm512_cvtepu8_epi16(
+                _mm256_loadu_si256((const __m256i *)(record + 256 + 32 * m)));
+#pragma GCC unroll 2
+            for (int s = 0; s < 2; s++) {
+                const int k = m + 4 * s; /* pairs k (half 0, slot s) and k + 8 (slot s + 2) */
+                const __m512i nib = _mm512_cvtepu8_epi16(
+                    _mm256_loadu_si256((const __m256i *)(record + 32 * k)));
+                /* bits 4, 5 of each word: u >> 4 of slot s, then of slot s + 2 */
+                const __m512i h0 = s ? _mm512_slli_epi16(high, 2) : _mm512_slli_epi16(high, 4);
+                const __m512i h1 = s ? _mm512_srli_epi16(high, 2) : high;
+                /* (c ? a : b) bitwise: the nibble in bits 0..3, the high bits above */
+                const __m512i i0 = _mm512_ternarylogic_epi32(nib, h0, low4, 0xE4);
+                const __m512i i1 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(nib, 4), h1,
+                                                             low4, 0xE4);
+                const __m512bh w0 = (__m512bh)_mm512_permutex2var_epi16(table_lo, i0, table_hi);
+                const __m512bh w1 = (__m512bh)_mm512_permutex2var_epi16(table_lo, i1, table_hi);
+                for (int r = 0; r < num_rows; r++) {
+                    int32_t p0, p1;
+                    const uint16_t *xb = x + r * x_stride + b * BLOCK + 2 * k;
+                    __builtin_memcpy(&p0, xb, sizeof p0);
+                    __builtin_memcpy(&p1, xb + 16, sizeof p1);
+                    sums[r][0][s] = _mm512_dpbf16_ps(sums[r][0][s], w0,
+                                                     (__m512bh)_mm512_set1_epi32(p0));
+                    sums[r][1][s] = _mm512_dpbf16_ps(sums[r][1][s], w1,
+                                                     (__m512bh)_mm512_set1_epi32(p1));
+                }
+            }
+        }
+        for (int h = 0; h < 2; h++) {
+            const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                _mm_loadu_si128((const __m128i *)(record + 384 + 16 * h))));
+            const __m512 scale = _mm512_mul_ps(dv, sc);
+            for (int r = 0; r < num_rows; r++)
+                acc[r] = _mm512_fmadd_ps(_mm512_add_ps(sums[r][h][0], sums[r][h][1]), scale,
+                                         acc[r]);
+        }
+    }
+}
+
+#define Q6K_TILE(n)                                                                        \
+    case n:                                                                                \
+        q6k_strip(xr, x_stride, num_blocks, strip, ds, table_lo, table_hi, acc, n);        \
+        break;
+#endif
+
+/* y (num_rows, num_out) bfloat16 = x (num_rows, num_in) bfloat16 @ w.T (+ bias, float), w
+ * Q6_K weights packed by pack_q6_k (records and d). x as q4_gemv takes it. Returns 0; -1
+ * where this kernel does not run (no AVX-512 BF16, num_in not a multiple of 256, more than
+ * MAX_ROWS rows). */
+int q6k_gemv(const void *x, int64_t x_stride, int64_t num_rows, int64_t num_in,
+             const uint8_t *packed, const float *d, const float *bias, void *y,
+             int64_t num_out, int num_threads) {
+#ifdef HAVE_GEMV
+    if (num_in % (BLOCK * Q6K_SUPER) || num_rows > MAX_ROWS || num_rows < 1) return -1;
+    const int64_t num_blocks = num_in / BLOCK, num_strips = (num_out + Q8_STRIP - 1) / Q8_STRIP;
+    /* word u of the two tables: bfloat16 of u - 32 (exact: small integers) */
+    uint16_t values[64];
+    for (int u = 0; u < 64; u++) {
+        const float v = (float)(u - 32);
+        uint32_t bits;
+        __builtin_memcpy(&bits, &v, sizeof bits);
+        values[u] = (uint16_t)(bits >> 16);
+    }
+    const __m512i table_lo = _mm512_loadu_si512(values), table_hi = _mm512_loadu_si512(values + 32);
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (num_strips > 1)
+    for (int64_t s = 0; s < num_strips; s++) {
+        const uint8_t *strip = packed + s * num_blocks * Q6K_RECORD;
+        const float *ds = d + s * (num_blocks / Q6K_SUPER) * 16;
+        const int64_t col = s * Q8_STRIP;
+        const int num_cols = num_out - col < Q8_STRIP ? (int)(num_out - col) : Q8_STRIP;
+        for (int64_t r = 0; r < num_rows; r += ROW_TILE) {
+            const int n = num_rows - r < ROW_TILE ? (int)(num_rows - r) : ROW_TILE;
+            const uint16_t *xr = (const uint16_t *)x + r * x_stride;
+            __m512 acc[ROW_TILE] = {_mm512_setzero_ps()}; /* every row set below */
+            switch (n) { Q6K_TILE(1) Q6K_TILE(2) Q6K_TILE(3) Q6K_TILE(4) }
+            for (int i = 0; i < n; i++)
+                store_row(acc[i], bias, col, num_cols, (uint16_t *)y + (r + i) * num_out);
+        }
+    }
+    return 0;
+#else
+    (void)x, (void)x_stride, (void)num_rows, (void)num_in, (void)packed, (void)d;
+    (void)bias, (void)y, (void)num_out, (void)num_threads;
+    return -1;
+#endif
+}
+
+/* Packs Q6_K weights, values q - 32 (N, K) int8 in -32..31, sc (N, K / 16) int8 and d
+ * (N, K / 256) float, K a multiple of 256, into the records above (ceil(N / 16) * (K / 32)
+ * * Q6K_RECORD bytes) and d_out (ceil(N / 16) * (K / 256) * 16 floats); columns past N get
+ * u = 32, sc = 0 and d = 0 (zero weights). */
+void pack_q6_k(const int8_t *values, const int8_t *sc, const float *d, int64_t num_out,
+               int64_t num_in, uint8_t *packed, float *d_out) {
+    const int64_t num_strips = (num_out + Q8_STRIP - 1) / Q8_STRIP, num_blocks = num_in / BLOCK;
+    const int64_t num_supers = num_in / (BLOCK * Q6K_SUPER);
+    for (int64_t s = 0; s < num_strips; s++) {
+        for (int64_t b = 0; b < num_blocks; b++) {
+            uint8_t *out = packed + (s * num_blocks + b) * Q6K_RECORD;
+            for (int i = 0; i < Q6K_RECORD; i++) out[i] = 0;
+            for (int c = 0; c < Q8_STRIP; c++) {
+                const int64_t n = s * Q8_STRIP + c;
+                const int real = n < num_out;
+                for (int k = 0; k < BLOCK; k++) {
+                    const int u = (real ? values[n * num_in + b * BLOCK + k] : 0) + 32;
+                    const int p = k / 2, i = k % 2, byte = 2 * c + i;
+                    out[32 * (p % 8) + byte] |= (uint8_t)((u & 15) << (4 * (p / 8)));
+                    out[256 + 32 * (p % 4) + byte] |= (uint8_t)((u >> 4) << (2 * (p / 4)));
+                }
+                for (int h = 0; h < 2; h++)
+                    out[384 + 16 * h + c] = (uint8_t)(real ? sc[n * (num_in / 16) + 2 * b + h] : 0);
+            }
+        }
+        for (int64_t t = 0; t < num_supers; t++)
+            for (int c = 0; c < Q8_STRIP; c++) {
+                const int64_t n = s * Q8_STRIP + c;
+                d_out[(s * num_supers + t) * 16 + c] = n < num_out ? d[n * num_supers + t] : 0.f;
+            }
+    }
 }
