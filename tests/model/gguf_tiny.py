@@ -11,6 +11,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, RopeScaling
 from gguf.quants import quantize
 
 from superinfer.model.weights import interleave_rope_rows
+from tests.model.tiny import PROMPT
 
 _NAMES = {
     "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
@@ -256,3 +257,28 @@ def _quantized(data: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
     """A matrix's GGUF bytes: the types gguf-py cannot write by this module's packers."""
     packers = {Q4_K: quantize_q4_k, Q6_K: quantize_q6_k}
     return packers[qtype](data) if qtype in packers else quantize(data, qtype)
+
+
+# prompts of mixed lengths (token ids of the tiny word-level vocabularies)
+MIXED_PROMPTS = [PROMPT, PROMPT[:3],
+                 [1, 9, 4, 77, 31, 100, 6, 52, 14, 88, 23, 45, 67, 12, 80, 3, 39, 111, 27, 59, 7],
+                 [1, 50, 75, 19, 101, 36, 44]]  # fmt: skip
+
+
+def engine_greedy(path: Path, tokenizer, monkeypatch, prompts: list[list[int]],
+                  num_tokens: int = 12):  # fmt: skip
+    """The engine's greedy tokens for `prompts` on the GGUF at `path` (auto: bfloat16,
+    quantized), batched and chunked (prefill chunks of up to 16 tokens, 64 blocks of 4),
+    and the loaded checkpoint's info. A tiny GGUF holds no tokenizer: `tokenizer` stands in."""
+    from superinfer import LLM, SamplingParams
+    from superinfer.model import loader
+
+    monkeypatch.setattr(loader, "load_tokenizer", lambda _path: tokenizer)
+    llm = LLM(str(path), dtype="bfloat16", device="cpu", quantization="auto", block_size=4,
+              num_device_blocks=64, max_model_len=64, max_num_batched_tokens=16)  # fmt: skip
+    try:
+        params = SamplingParams(max_tokens=num_tokens, min_tokens=num_tokens, temperature=0.0)
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+        return [list(o.outputs[0].token_ids) for o in outputs], llm.engine.checkpoint
+    finally:
+        llm.engine.close()

@@ -19,7 +19,12 @@ from superinfer.model.loader import load_gguf_model
 from superinfer.model.moe import Experts
 from superinfer.model.quant import Int4Linear, int4_kernel_available
 from superinfer.model.quant_moe import QuantExperts
-from tests.model.gguf_tiny import tiny_qwen3_moe_gguf_config, write_gguf
+from tests.model.gguf_tiny import (
+    MIXED_PROMPTS,
+    engine_greedy,
+    tiny_qwen3_moe_gguf_config,
+    write_gguf,
+)
 from tests.model.paged import greedy_logits
 from tests.model.tiny import PROMPT, save_tiny, tiny_configs
 
@@ -250,24 +255,11 @@ def test_engine_serves_a_gguf_moe_with_quantized_experts(gguf_file, monkeypatch)
     """The engine (auto: bfloat16, quantized experts) on requests of mixed lengths, batched
     and chunked: each request's tokens are those of the file's dequantized model alone, up
     to a near-tie."""
-    from superinfer import LLM, SamplingParams
-    from superinfer.model import loader
-
     path = gguf_file("qwen3moe", Q4_0)
     word_tokenizer = AutoTokenizer.from_pretrained(path.parent)  # the GGUF holds none
-    monkeypatch.setattr(loader, "load_tokenizer", lambda _path: word_tokenizer)
-    prompts = [PROMPT, PROMPT[:3], [1, 9, 4, 77, 31, 100, 6, 52, 14, 88, 23, 45, 67, 12, 80, 3,
-               39, 111, 27, 59, 7], [1, 50, 75, 19, 101, 36, 44]]  # fmt: skip
-    llm = LLM(str(path), dtype="bfloat16", device="cpu", quantization="auto", block_size=4,
-              num_device_blocks=64, max_model_len=64, max_num_batched_tokens=16)  # fmt: skip
-    try:
-        assert llm.engine.checkpoint.num_quantized_expert_layers == 2
-        params = SamplingParams(max_tokens=12, min_tokens=12, temperature=0.0)
-        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
-    finally:
-        llm.engine.close()
+    outputs, checkpoint = engine_greedy(path, word_tokenizer, monkeypatch, MIXED_PROMPTS)
+    assert checkpoint.num_quantized_expert_layers == 2
     dense = _load(path, "none")
-    for prompt, output in zip(prompts, outputs):
+    for prompt, tokens in zip(MIXED_PROMPTS, outputs):
         expected, expected_logits = greedy_logits(dense, prompt, 12)
-        tokens = list(output.outputs[0].token_ids)
         assert _assert_same_or_near_tie(tokens, expected, [expected_logits]) >= 6

@@ -20,7 +20,7 @@ from superinfer.model.cpu_w4a8 import w4a8_kernel
 from superinfer.model.loader import load_gguf_model
 from superinfer.model.quant import int4_kernel_available
 from superinfer.model.quant_parts import MixedLinear
-from tests.model.gguf_tiny import q4_k_m_types, write_gguf
+from tests.model.gguf_tiny import MIXED_PROMPTS, engine_greedy, q4_k_m_types, write_gguf
 from tests.model.paged import greedy_logits
 from tests.model.test_cpu_decode import _decode_both_ways
 from tests.model.test_quant import K_QUANT_SIZES, _k_quant_model
@@ -196,23 +196,11 @@ def test_engine_serves_a_q4_k_m_file_with_mixed_layers(gguf_file, monkeypatch) -
     """The engine (auto: bfloat16, the flat loop; prefill chunks of up to 16 tokens on the
     dense layers, decode batches on the parts) on prompts of mixed lengths: each request's
     tokens are those of the dequantized file alone, up to a near-tie."""
-    from superinfer import LLM, SamplingParams
-    from superinfer.model import loader
-
     path = gguf_file("qwen3")
     word_tokenizer = AutoTokenizer.from_pretrained(path.parent / "hf")  # the GGUF holds none
-    monkeypatch.setattr(loader, "load_tokenizer", lambda _path: word_tokenizer)
-    prompts = [PROMPT, PROMPT[:3], [1, 9, 4, 77, 31, 100, 6, 52, 14, 88, 23, 45, 67, 12, 80, 3,
-               39, 111, 27, 59, 7], [1, 50, 75, 19, 101, 36, 44]]  # fmt: skip
-    llm = LLM(str(path), dtype="bfloat16", device="cpu", quantization="auto", block_size=4,
-              num_device_blocks=64, max_model_len=64, max_num_batched_tokens=16)  # fmt: skip
-    try:
-        assert llm.engine.checkpoint.num_quantized_linears == 4 * NUM_LAYERS + 1
-        params = SamplingParams(max_tokens=12, min_tokens=12, temperature=0.0)
-        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
-    finally:
-        llm.engine.close()
+    outputs, checkpoint = engine_greedy(path, word_tokenizer, monkeypatch, MIXED_PROMPTS)
+    assert checkpoint.num_quantized_linears == 4 * NUM_LAYERS + 1
     dense = _load(path, "none")
-    for prompt, output in zip(prompts, outputs):
+    for prompt, tokens in zip(MIXED_PROMPTS, outputs):
         expected, logits = greedy_logits(dense, prompt, 12)
-        assert _agreeing_steps(list(output.outputs[0].token_ids), expected, logits) >= 6
+        assert _agreeing_steps(tokens, expected, logits) >= 6
