@@ -47,6 +47,7 @@ these kernels, or, for Q6_K and Q8_0 experts where the GEMV runs, `gemv_linear`)
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -472,14 +473,12 @@ def swap_int4_linears(
         linear = model.get_submodule(name)
         if not isinstance(linear, nn.Linear) or len({p[0].shape[1] for p in parts}) != 1:
             continue  # Q4 and Q8_0 parts in one fused layer
-        if not interleaved_qk and name.endswith("qkv_proj"):
-            parts = [_interleave(p, head_dim) for p in parts[:2]] + list(parts[2:])
+        parts = rope_ordered(name, parts, interleaved_qk, lambda p: _interleave(p, head_dim))
         fused = [torch.cat([p[i] for p in parts]) for i in range(3)]
-        parent, _, child = name.rpartition(".")
         int4 = Int4Linear(*fused, linear.in_features, linear.bias)
         if max_int4_rows is not None:
             _keep_larger_steps(int4, name, linear, fused, max_int4_rows, is_w4a8)
-        setattr(model.get_submodule(parent), child, int4)
+        replace_module(model, name, int4)
         swapped.append(name)
     return swapped
 
@@ -551,15 +550,28 @@ def swap_q6_k_linears(
         linear = model.get_submodule(name)
         if not isinstance(linear, nn.Linear) or max_gemv_rows < 1:
             continue
-        if not interleaved_qk and name.endswith("qkv_proj"):
-            parts = [_interleave(p, head_dim) for p in parts[:2]] + list(parts[2:])
+        parts = rope_ordered(name, parts, interleaved_qk, lambda p: _interleave(p, head_dim))
         q, sc, d = (torch.cat([p[i] for p in parts]) for i in range(3))
         rows = min(max_gemv_rows, LM_HEAD_GEMV_MAX_ROWS) if name == "lm_head" else max_gemv_rows
         layer = Q6KLinear(kernel, kernel.pack_q6_k(q, sc, d, linear.bias), linear, rows)
-        parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent), child, layer)
+        replace_module(model, name, layer)
         swapped.append(name)
     return swapped
+
+
+def rope_ordered(name: str, parts: list, interleaved_qk: bool, reorder: Callable) -> list:
+    """The parts of layer `name`, its q and k parts (the first two of a `qkv_proj`) passed
+    through `reorder` into the dense model's RoPE row order, unless the file already holds
+    them that way (`interleaved_qk`)."""
+    if interleaved_qk or not name.endswith("qkv_proj"):
+        return list(parts)
+    return [reorder(p) for p in parts[:2]] + list(parts[2:])
+
+
+def replace_module(model: nn.Module, name: str, module: nn.Module) -> None:
+    """Put `module` in the place of `model`'s submodule `name`."""
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent), child, module)
 
 
 def _w4a8_kernel() -> W4A8Kernel:

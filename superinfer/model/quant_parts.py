@@ -35,7 +35,13 @@ from torch import Tensor, nn
 from superinfer.model.cpu_gemv import MAX_ROWS as GEMV_MAX_ROWS
 from superinfer.model.cpu_gemv import GemvKernel, Q6KWeights, Q8Weights
 from superinfer.model.cpu_q4 import Q4Weights, q4_kernel
-from superinfer.model.quant import Q6_K, _interleave, dequantize_planes
+from superinfer.model.quant import (
+    Q6_K,
+    _interleave,
+    dequantize_planes,
+    replace_module,
+    rope_ordered,
+)
 
 PartWeights = Q4Weights | Q8Weights | Q6KWeights
 # a part's GGUF type and its `quant.typed_values`: 4-bit planes, or Q6_K values, sc and d
@@ -95,14 +101,12 @@ def swap_mixed_linears(
         linear = model.get_submodule(name)
         if not isinstance(linear, nn.Linear) or max_gemv_rows < 1:
             continue
-        if not interleaved_qk and name.endswith("qkv_proj"):
-            typed = [(kind, _interleave(v, head_dim)) for kind, v in typed[:2]] + typed[2:]
+        typed = rope_ordered(name, typed, interleaved_qk,
+                             lambda part: (part[0], _interleave(part[1], head_dim)))  # fmt: skip
         weights = _part_weights(kernel, _merged_runs(typed), linear)
         if weights is None:
             continue
-        parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent), child,
-                MixedLinear(kernel, weights, linear, max_gemv_rows))  # fmt: skip
+        replace_module(model, name, MixedLinear(kernel, weights, linear, max_gemv_rows))
         swapped.append(name)
     return swapped
 
