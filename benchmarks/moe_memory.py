@@ -49,8 +49,7 @@ MEASURE = """
 import json, os, resource, statistics, sys, time
 import torch
 sys.path.insert(0, {benchmarks!r})
-from quantized_decode import run_once
-from superinfer.model.attention import AttentionMetadata, SeqEntry
+from quantized_decode import batch_step_ms, run_once
 from superinfer.model.loader import load_gguf_model
 
 path, quantization, rounds, prompt_len, steps = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
@@ -67,30 +66,7 @@ for _ in range(rounds):
     _, tpot, tokens = run_once(model, prompt, steps)
     tpots.append(tpot * 1e3)
 
-def batch_step_ms(batch, prompt_len, steps):
-    # median time of a decode step of `batch` sequences (after their prefill), greedy
-    c, size = model.config, 16
-    blocks = -(-(prompt_len + steps + 1) // size)
-    kv = torch.zeros(batch * blocks, c.num_layers, 2, size, c.num_kv_heads, c.head_dim,
-                     dtype=model.dtype)
-    tables = [list(range(i * blocks, (i + 1) * blocks)) for i in range(batch)]
-    seqs = [[(i * 31 + j * 7919) % 1000 + 10 for j in range(prompt_len)] for i in range(batch)]
-    times, num_cached, num_query = [], 0, prompt_len
-    with torch.inference_mode():
-        for step in range(steps + 1):
-            entries = [SeqEntry(num_query, num_cached, t) for t in tables]
-            meta = AttentionMetadata.build(entries, size, "cpu")
-            ids = torch.tensor([tok for s in seqs for tok in s[num_cached:]])
-            start = time.perf_counter()
-            hidden = model(ids, meta.positions, kv, meta)
-            logits = model.compute_logits(hidden[meta.logits_indices])
-            times.append(time.perf_counter() - start)
-            for s, token in zip(seqs, logits.argmax(-1).tolist()):
-                s.append(token)
-            num_cached, num_query = num_cached + num_query, 1
-    return statistics.median(times[1:]) * 1e3
-
-batch_ms = [batch_step_ms(32, prompt_len, 8) for _ in range(3)]
+batch_ms = [batch_step_ms(model, 32, prompt_len, 8) for _ in range(3)]
 print("RESULT " + json.dumps({{"batch32_step_ms": round(statistics.median(batch_ms), 2),"quantization": quantization, "peak_rss_mb": round(peak_mb),
       "rss_after_load_mb": round(rss_mb), "expert_bytes": held,
       "quantized_expert_layers": info.num_quantized_expert_layers,

@@ -15,8 +15,8 @@ round runs, in turn:
 
 - "gemv": the model as loaded: lm_head and the Q6_K ffn_down on the GEMV (Q6KLinear), the
   q/k/v whose v is Q6_K part by part on it (`quant_parts.MixedLinear`);
-- "mixed dense": the same model with each MixedLinear replaced by its dense layer (as
-  superinfer ran before the mixed layers ran part by part);
+- "mixed dense": the same model with each MixedLinear replaced by the dense layer of the
+  file loaded under `none` (as superinfer ran before the mixed layers ran part by part);
 - "q6k+mixed dense": each Q6KLinear too (every Q6_K weight dequantized, as before the
   Q6_K GEMV).
 
@@ -26,7 +26,7 @@ rounds. With --llama-python (llama-cpp-python; `benchmarks/model_speed.py
 --install-llama` installs it), llama.cpp decodes the same prompt from the same file in
 its own process, after the rounds, on as many threads (its TPOT: the time between
 generated tokens, greedy sampling included). Also reports whether the greedy tokens agree,
-and the memory the mixed layers' quantized parts take on top of their dense layers.
+and the memory the mixed layers' quantized parts take.
 """
 
 from __future__ import annotations
@@ -125,18 +125,19 @@ def gemv_layers(model: nn.Module) -> dict[str, Q6KLinear | MixedLinear]:
     return {name: m for name, m in model.named_modules() if isinstance(m, kinds)}
 
 
-def use_variant(model: nn.Module, layers: dict[str, nn.Module], dense: tuple[type, ...]) -> None:
-    """Put each layer, or its dense layer where it is of a kind in `dense`, in its place; the
-    flat decode loop holds the layers' methods, so it is rebuilt."""
+def use_variant(model: nn.Module, layers: dict[str, nn.Module], dense_model: nn.Module,
+                dense: tuple[type, ...]) -> None:  # fmt: skip
+    """Put each layer, or `dense_model`'s layer of that name where it is of a kind in `dense`,
+    in its place; the flat decode loop holds the layers' methods, so it is rebuilt."""
     for name, layer in layers.items():
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent), child,
-                layer.dense if isinstance(layer, dense) else layer)  # fmt: skip
+                dense_model.get_submodule(name) if isinstance(layer, dense) else layer)  # fmt: skip
     model.use_flat_decode()
 
 
 def parts_megabytes(layers: dict[str, nn.Module]) -> float:
-    """The bytes of the MixedLinear layers' quantized parts (their dense layers aside)."""
+    """The bytes of the MixedLinear layers' quantized parts."""
     tensors = [value for layer in layers.values() if isinstance(layer, MixedLinear)
                for part in layer.parts for value in vars(part).values()
                if isinstance(value, torch.Tensor)]  # fmt: skip
@@ -169,6 +170,8 @@ def main() -> None:
         path = build_gguf(shape, Path(tmp) / f"{shape}-q4_k_m.gguf", args.seed)
         model, info = load_gguf_model(str(path), torch.bfloat16, torch.device("cpu"), "auto")
         pack_linears(model)
+        dense_model, _ = load_gguf_model(str(path), torch.bfloat16, torch.device("cpu"), "none")
+        pack_linears(dense_model)
         layers = gemv_layers(model)
         by_kind = {kind.__name__: [n for n, m in layers.items() if isinstance(m, kind)]
                    for kind in (Q6KLinear, MixedLinear)}  # fmt: skip
@@ -181,11 +184,11 @@ def main() -> None:
         results: dict[str, list[tuple[float, float]]] = {name: [] for name in VARIANTS}
         outputs = {}
         for dense in VARIANTS.values():  # warm-up
-            use_variant(model, layers, dense)
+            use_variant(model, layers, dense_model, dense)
             run_once(model, prompt, 4)
         for _ in range(args.rounds):
             for name, dense in VARIANTS.items():
-                use_variant(model, layers, dense)
+                use_variant(model, layers, dense_model, dense)
                 ttft, tpot, outputs[name] = run_once(model, prompt, args.decode_steps)
                 results[name].append((ttft, tpot))
         theirs = None

@@ -55,6 +55,31 @@ def run_once(model, prompt: list[int], num_steps: int) -> tuple[float, float, li
     return times[0], statistics.median(times[1:]), tokens[len(prompt) :]
 
 
+def batch_step_ms(model, batch: int, prompt_len: int, num_steps: int) -> float:
+    """The median time of a decode step of `batch` sequences (each after a `prompt_len`
+    prefill, in one step), greedy, over `num_steps` steps."""
+    c = model.config
+    num_blocks = -(-(prompt_len + num_steps + 1) // BLOCK_SIZE)
+    kv = torch.zeros(batch * num_blocks, c.num_layers, 2, BLOCK_SIZE, c.num_kv_heads,
+                     c.head_dim, dtype=model.dtype)  # fmt: skip
+    tables = [list(range(i * num_blocks, (i + 1) * num_blocks)) for i in range(batch)]
+    seqs = [[(i * 31 + j * 7919) % 1000 + 10 for j in range(prompt_len)] for i in range(batch)]
+    times, num_cached, num_query = [], 0, prompt_len
+    with torch.inference_mode():
+        for _ in range(num_steps + 1):
+            entries = [SeqEntry(num_query, num_cached, t) for t in tables]
+            meta = AttentionMetadata.build(entries, BLOCK_SIZE, "cpu")
+            ids = torch.tensor([token for s in seqs for token in s[num_cached:]])
+            start = time.perf_counter()
+            hidden = model(ids, meta.positions, kv, meta)
+            logits = model.compute_logits(hidden[meta.logits_indices])
+            times.append(time.perf_counter() - start)
+            for s, token in zip(seqs, logits.argmax(-1).tolist()):
+                s.append(token)
+            num_cached, num_query = num_cached + num_query, 1
+    return statistics.median(times[1:]) * 1e3
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)

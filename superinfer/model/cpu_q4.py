@@ -9,17 +9,26 @@ products: on the default model's shapes it beat oneDNN's bfloat16 GEMM from 4 ro
 (0.78x its time at 32 rows, 0.91x at 256; `benchmarks/int4_rows.py`), from 4 bits a
 weight. It computes with the very weights the dense copy held (same bfloat16 rounding),
 so it replaces that copy where it runs.
+
+Q6_K layers (`cpu_gemv.Q6KWeights`, Q6_K's own bits) take the same GEMM (`linear_q6k`):
+each strip is dequantized from those bits into the same scratch, to the weights the
+dequantized file holds, rounded to bfloat16. So a Q4_K_M file's Q6_K layers keep no dense
+copy either, and a Q6_K embedding looks its rows up in them (`q6k_rows`).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from superinfer.model.cpu_kernels import load_kernel
+
+if TYPE_CHECKING:
+    from superinfer.model.cpu_gemv import Q6KWeights  # cpu_gemv imports this module
 
 _PTR, _INT, _I64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
 STRIP = 32  # output columns per packed strip
@@ -41,14 +50,19 @@ class Q4Weights:
 
 
 class Q4Kernel:
-    """The loaded `pack_q4` and `q4_linear`."""
+    """The loaded `pack_q4`, `q4_linear`, `q6k_linear` and `q6k_rows`."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
         self._pack, self._linear = library.pack_q4, library.q4_linear
         self._pack.restype = None
         self._pack.argtypes = [_PTR, _PTR, _PTR, _I64, _I64, _PTR, _PTR]
-        self._linear.restype = _INT
-        self._linear.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _INT]
+        self._q6k = library.q6k_linear
+        for fn in (self._linear, self._q6k):
+            fn.restype = _INT
+            fn.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _INT]
+        self._q6k_rows = library.q6k_rows
+        self._q6k_rows.restype = _INT
+        self._q6k_rows.argtypes = [_PTR, _PTR, _I64, _I64, _PTR, _I64, _PTR]
 
     def pack(self, nibbles: Tensor, scales: Tensor, zeros: Tensor,
              bias: Tensor | None = None) -> Q4Weights:  # fmt: skip
@@ -69,17 +83,38 @@ class Q4Kernel:
 
     def __call__(self, x: Tensor, weights: Q4Weights) -> Tensor:
         """x (rows, K) bfloat16, each row contiguous -> (rows, N) bfloat16."""
+        return self._run(self._linear, x, weights, weights.scales_zeros)
+
+    def linear_q6k(self, x: Tensor, weights: Q6KWeights) -> Tensor:
+        """The same for Q6_K weights in their own layout (K a multiple of 256)."""
+        return self._run(self._q6k, x, weights, weights.d)
+
+    def q6k_rows(self, weights: Q6KWeights, ids: Tensor) -> Tensor:
+        """Output rows `ids` (any shape) of Q6_K `weights` as float32, (*ids.shape, K): each
+        weight d sc (q - 32), the dequantized file's value."""
+        flat = ids.reshape(-1).to(torch.int64).contiguous()
+        out = torch.empty((flat.shape[0], weights.num_in))
+        status = self._q6k_rows(weights.packed.data_ptr(), weights.d.data_ptr(),
+                                weights.num_out, weights.num_in, flat.data_ptr(),
+                                flat.shape[0], out.data_ptr())  # fmt: skip
+        if status != 0:
+            raise IndexError(f"token ids out of range for {weights.num_out} embeddings")
+        return out.view(*ids.shape, weights.num_in)
+
+    def _run(self, fn: ctypes._CFuncPtr, x: Tensor, weights: Q4Weights | Q6KWeights,
+             scales: Tensor) -> Tensor:  # fmt: skip
+        if x.dim() != 2 or x.shape[1] != weights.num_in:
+            raise ValueError(f"x {tuple(x.shape)}: the layer takes {weights.num_in} inputs")
         if x.stride(-1) != 1 or x.stride(0) % 2:
             x = x.contiguous()
         y = torch.empty((x.shape[0], weights.num_out), dtype=torch.bfloat16)
-        status = self._linear(
+        status = fn(
             x.data_ptr(), x.stride(0), x.shape[0], weights.num_in, weights.packed.data_ptr(),
-            weights.scales_zeros.data_ptr(),
-            None if weights.bias is None else weights.bias.data_ptr(), y.data_ptr(),
-            weights.num_out, torch.get_num_threads(),
+            scales.data_ptr(), None if weights.bias is None else weights.bias.data_ptr(),
+            y.data_ptr(), weights.num_out, torch.get_num_threads(),
         )  # fmt: skip
         if status != 0:
-            raise RuntimeError(f"q4_linear failed ({status})")
+            raise RuntimeError(f"the GEMM over GGUF blocks failed ({status})")
         return y
 
 

@@ -19,6 +19,7 @@ from transformers import PreTrainedTokenizerBase
 from superinfer.model.config import ModelConfig
 from superinfer.model.cpu_gemv import gemv_kernel
 from superinfer.model.cpu_linear import pack_linears
+from superinfer.model.cpu_q4 import q4_kernel
 from superinfer.model.decoder import DecoderForCausalLM
 from superinfer.model.gguf_checkpoint import GGUFCheckpoint
 from superinfer.model.quant import int4_kernel_available, quantize_embedding, quantize_linears
@@ -232,7 +233,8 @@ def load_gguf_model(
     # their tensors never dequantized (quant_moe): a large MoE would not fit in float
     experts = set()
     if quantizes:
-        experts = quantized_expert_tensors(checkpoint.tensors, config, gemv_kernel() is not None)
+        has_q6k = gemv_kernel() is not None and q4_kernel() is not None
+        experts = quantized_expert_tensors(checkpoint.tensors, config, has_q6k)
     weights = checkpoint.weights(skip=experts)
     if checkpoint.arch.hf_weights is not None:  # e.g. Phi-3's fused projections, split
         weights = checkpoint.arch.hf_weights(weights, config)

@@ -16,18 +16,18 @@ are then rounded to bfloat16, the kernel's dtype):
 
 Q6_K (super-blocks of 256, fp16 d, an int8 scale sc per block of 16, 6-bit q: w = d sc
 (q - 32)) does not fit the groups of 32. Its layers (`Q6KLinear`: Q4_K_M files hold
-lm_head and some layers' ffn_down and attn_v as Q6_K) run steps of a few rows on the GEMV
-of `cpu_gemv`, over Q6_K's own bits (6.625 a weight: `q6_k_parts`, `pack_q6_k`; each 16
-inputs scaled by the float32 d sc, exact), and larger steps on the dense layer the loader
-built from the same weights; where that GEMV cannot run, and under `gguf-w4a8`, they stay
-dense (dequantized at load).
+lm_head and some layers' ffn_down and attn_v as Q6_K) are held in Q6_K's own bits (6.625 a
+weight: `q6_k_parts`, `pack_q6_k`) and run steps of a few rows on the GEMV of `cpu_gemv`
+(each 16 inputs scaled by the float32 d sc, exact), larger steps on the GEMM of `cpu_q4`
+(the weights rounded to bfloat16, as a dense copy held them); a Q6_K token embedding
+(`Q6KEmbedding`) looks its rows up in the same bits. Where those kernels cannot run, and
+under `gguf-w4a8`, they stay dense (dequantized at load).
 
 Fused projections (q/k/v, gate/up) concatenate their GGUF tensors' rows, which is exact. A
 fused layer whose parts differ in type (Q4_K q/k with a Q6_K v, as llama.cpp's Q4_K_M
 writes about half its layers; 4-bit parts with a Q8_0 one) runs, where the GEMV runs (not
-under `gguf-w4a8`), each part on the GEMV for steps of a few rows and the dense fused
-layer for larger ones (`quant_parts.MixedLinear`: the parts' quantized copies on top of
-the dense layer); elsewhere, or with a part of another type, it stays dense.
+under `gguf-w4a8`), each part on its own kernels (`quant_parts.MixedLinear`); elsewhere,
+or with a part of another type, it stays dense.
 
 Under `auto`, steps of a few rows run the few-row GEMV of `cpu_gemv` where it runs (the
 same function of the same weights, faster; the int4 kernel's copy is then freed). Steps of
@@ -58,7 +58,7 @@ from torch import Tensor, nn
 from superinfer.model.config import ModelConfig
 from superinfer.model.cpu_gemv import MAX_ROWS as GEMV_MAX_ROWS
 from superinfer.model.cpu_gemv import GemvKernel, Q6KWeights, Q8Weights, gemv_kernel
-from superinfer.model.cpu_q4 import Q4Weights, q4_kernel
+from superinfer.model.cpu_q4 import Q4Kernel, Q4Weights, q4_kernel
 from superinfer.model.cpu_w4a8 import W4A8Kernel, W4A8Weights, w4a8_kernel
 
 GROUP = 32
@@ -193,32 +193,53 @@ def dequantize_planes(planes: Planes, in_features: int, dtype: torch.dtype) -> T
 
 
 class Q6KLinear(nn.Module):
-    """A frozen linear layer over GGUF Q6_K weights: steps of up to `max_gemv_rows` rows run
-    the few-row GEMV of `cpu_gemv` over `weights` (`q6_k_parts` in Q6_K's own layout, 6.625
-    bits a weight, bias included), larger
-    steps `dense`, a layer holding the same weights dequantized (the loader's own, tied to
-    the embedding for a tied lm_head)."""
+    """A frozen linear layer over GGUF Q6_K weights in Q6_K's own layout (`q6_k_parts` packed
+    by `GemvKernel.pack_q6_k`, 6.625 bits a weight, bias included): steps of up to
+    `max_gemv_rows` rows run the few-row GEMV of `cpu_gemv` (exact weights), larger steps
+    the GEMM of `cpu_q4` (`Q4Kernel.linear_q6k`: the weights rounded to bfloat16, as a dense
+    copy held them). No dense copy is kept."""
 
     def __init__(
-        self, kernel: GemvKernel, weights: Q6KWeights, dense: nn.Module, max_gemv_rows: int
+        self, gemv: GemvKernel, gemm: Q4Kernel, weights: Q6KWeights, max_gemv_rows: int
     ) -> None:
         super().__init__()
         if max_gemv_rows > GEMV_MAX_ROWS:
             raise ValueError(f"the GEMV takes at most {GEMV_MAX_ROWS} rows")
-        self.gemv, self.weights, self.dense = kernel, weights, dense
+        self.gemv, self.gemm, self.weights = gemv, gemm, weights
         self.max_gemv_rows = max_gemv_rows  # a plain attribute: read on every call
         self.in_features, self.out_features = weights.num_in, weights.num_out
 
     def forward(self, x: Tensor) -> Tensor:
+        dtype = x.dtype
+        if dtype != torch.bfloat16:
+            x = x.to(torch.bfloat16)
         if x.shape[0] > self.max_gemv_rows:
-            return self.dense(x)
-        if x.dtype == torch.bfloat16:
-            return self.gemv(x, self.weights)
-        return self.gemv(x.to(torch.bfloat16), self.weights).to(x.dtype)
+            y = self.gemm.linear_q6k(x, self.weights)
+        else:
+            y = self.gemv(x, self.weights)
+        return y if dtype == torch.bfloat16 else y.to(dtype)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, Q6_K GEMV "
-                f"up to {self.max_gemv_rows} rows")  # fmt: skip
+                f"up to {self.max_gemv_rows} rows, else Q6_K GEMM")  # fmt: skip
+
+
+class Q6KEmbedding(nn.Module):
+    """A frozen embedding table kept as Q6_K weights in Q6_K's own layout (those of a tied
+    lm_head's Q6KLinear where there is one): a lookup dequantizes only the rows it reads
+    (`Q4Kernel.q6k_rows`), to the values the dense table would hold (d sc (q - 32) in float,
+    rounded to `dtype`), in 0.41x the memory of a bfloat16 table."""
+
+    def __init__(self, gemm: Q4Kernel, weights: Q6KWeights, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.gemm, self.weights, self.dtype = gemm, weights, dtype
+        self.num_embeddings, self.embedding_dim = weights.num_out, weights.num_in
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.gemm.q6k_rows(self.weights, ids).to(self.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, Q6_K"
 
 
 class Q8Embedding(nn.Module):
@@ -244,13 +265,25 @@ class Q8Embedding(nn.Module):
 
 
 def quantize_embedding(model: nn.Module, tensors: dict[str, ReaderTensor]) -> bool:
-    """Swap the model's token embedding for a Q8Embedding when the GGUF table is Q8_0.
-    A tied lm_head keeps its own reference to the dense weight (it stays until
-    `pack_linears` replaces that layer)."""
+    """Swap the model's token embedding for a Q8Embedding when the GGUF table is Q8_0, or a
+    Q6KEmbedding when it is Q6_K and the Q6_K kernels run here (sharing a tied lm_head's
+    Q6KLinear weights). Call it after `quantize_linears`: a tied lm_head that stayed dense
+    keeps its own reference to the dense weight."""
     tensor = tensors.get("token_embd.weight")
-    if tensor is None or tensor.tensor_type != GGMLQuantizationType.Q8_0:
+    if tensor is None:
         return False
-    model.model.embed_tokens = Q8Embedding(tensor, model.dtype)
+    if tensor.tensor_type == GGMLQuantizationType.Q8_0:
+        model.model.embed_tokens = Q8Embedding(tensor, model.dtype)
+        return True
+    gemv, gemm = gemv_kernel(), q4_kernel()
+    if tensor.tensor_type != Q6_K or gemv is None or gemm is None:
+        return False
+    head = model.lm_head
+    if "output.weight" not in tensors and isinstance(head, Q6KLinear):
+        weights = head.weights  # tied: the same Q6_K rows
+    else:
+        weights = gemv.pack_q6_k(*q6_k_parts(tensor))
+    model.model.embed_tokens = Q6KEmbedding(gemm, weights, model.dtype)
     return True
 
 
@@ -389,32 +422,37 @@ def quantize_linears(
     for i in range(config.num_layers):
         for module, parts in (_FUSED_LAYER_SOURCES if is_fused else _LAYER_SOURCES).items():
             sources[f"model.layers.{i}.{module}"] = tuple(f"blk.{i}.{p}" for p in parts)
-    gemv = None if is_w4a8 else gemv_kernel()
-    planes, q6, mixed = {}, {}, {}
-    for name, parts in sources.items():
+    from superinfer.model.quant_parts import swap_mixed_linears  # builds on this module
+
+    # the Q6_K and mixed layers need both kernels: the GEMV for a few rows, the GEMM for more
+    gemv = None if is_w4a8 or q4_kernel() is None else gemv_kernel()
+    rows = GEMV_MAX_ROWS if max_int4_rows is None else min(max_int4_rows, GEMV_MAX_ROWS)
+    swaps = {  # kind of layer -> (how its tensors unpack, the swap)
+        "int4": (int4_planes, lambda m, v: swap_int4_linears(m, v, interleaved_qk,
+                                                             max_int4_rows, is_w4a8)),
+        "q6_k": (q6_k_parts, lambda m, v: swap_q6_k_linears(m, v, interleaved_qk, gemv, rows)),
+        "mixed": (typed_values, lambda m, v: swap_mixed_linears(m, v, interleaved_qk, gemv,
+                                                                rows)),
+    }  # fmt: skip
+    swapped = []
+    for name, parts in sources.items():  # one layer at a time: its unpacked values then go
         found = [tensors.get(f"{p}.weight") for p in parts]
         if any(t is None for t in found):
             continue
         kinds = {t.tensor_type for t in found}
         if kinds <= INT4_TYPES.keys() and not _mixes_widths(kinds):
-            chosen, unpack = planes, int4_planes
+            kind = "int4"
         elif kinds == {Q6_K} and gemv is not None:
-            chosen, unpack = q6, q6_k_parts
+            kind = "q6_k"
         elif len(kinds) > 1 and kinds <= QUANT_TYPES.keys() and gemv is not None:
-            chosen, unpack = mixed, typed_values
+            kind = "mixed"
         else:
             continue
-        chosen[name] = [unpack(t) for t in found]
+        unpack, swap = swaps[kind]
+        values = [unpack(t) for t in found]
         if is_fused and len(found) == 1 and name.endswith(("qkv_proj", "gate_up_proj")):
-            chosen[name] = _split_rows(chosen[name][0], _part_rows(config, name))
-    swapped = swap_int4_linears(model, planes, interleaved_qk, max_int4_rows, is_w4a8)
-    rows = GEMV_MAX_ROWS if max_int4_rows is None else min(max_int4_rows, GEMV_MAX_ROWS)
-    if q6:
-        swapped += swap_q6_k_linears(model, q6, interleaved_qk, gemv, rows)
-    if mixed:
-        from superinfer.model.quant_parts import swap_mixed_linears  # builds on this module
-
-        swapped += swap_mixed_linears(model, mixed, interleaved_qk, gemv, rows)
+            values = _split_rows(values[0], _part_rows(config, name))
+        swapped += swap(model, {name: values})
     return swapped
 
 
@@ -543,7 +581,8 @@ def swap_q6_k_linears(
     """Swap each linear layer named in `values` for a Q6KLinear over its parts' Q6_K values,
     sc and d (`q6_k_parts`; concatenated and reordered as `swap_int4_linears` does) that
     runs steps of up to `max_gemv_rows` rows (lm_head: LM_HEAD_GEMV_MAX_ROWS, as for Q8_0)
-    on `kernel` and larger ones on the layer itself; returns the names swapped."""
+    on `kernel` and larger ones on `cpu_q4`'s GEMM; returns the names swapped. The dense
+    layer goes (a tied embedding keeps its own until `quantize_embedding`)."""
     head_dim = model.config.head_dim
     swapped = []
     for name, parts in values.items():
@@ -553,7 +592,8 @@ def swap_q6_k_linears(
         parts = rope_ordered(name, parts, interleaved_qk, lambda p: _interleave(p, head_dim))
         q, sc, d = (torch.cat([p[i] for p in parts]) for i in range(3))
         rows = min(max_gemv_rows, LM_HEAD_GEMV_MAX_ROWS) if name == "lm_head" else max_gemv_rows
-        layer = Q6KLinear(kernel, kernel.pack_q6_k(q, sc, d, linear.bias), linear, rows)
+        weights = kernel.pack_q6_k(q, sc, d, linear.bias)
+        layer = Q6KLinear(kernel, q4_kernel(), weights, rows)
         replace_module(model, name, layer)
         swapped.append(name)
     return swapped

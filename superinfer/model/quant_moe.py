@@ -5,13 +5,16 @@ of (experts, rows, columns) (its dims innermost first). Each expert's projection
 up rows concatenated, as the dense `gate_up_proj` fuses them) is kept in one quantized
 representation, never beside a dense copy:
 
-- Q6_K (Q4_K_M files write about half the layers' `ffn_down_exps` so) and, except under
-  `gguf-w4a8`, Q8_0: a `gemv_linear.GemvLinear` over the few-row GEMV's 8-bit layout
-  (1.25 bytes a weight), for steps of up to 8 rows; larger steps unpack the expert's
-  weights to a transient bfloat16 matrix. Under `gguf-w4a8` Q6_K experts run so too (not
-  on 8-bit activations; the dense Q6_K layers there stay dense): float experts would cost
-  1.6x the bytes. Where the GEMV does not run (no AVX-512 BF16), Q6_K projections stay
-  stacked float tensors and Q8_0 ones go as the 4-bit types do;
+- Q6_K (Q4_K_M files write about half the layers' `ffn_down_exps` so): a
+  `quant.Q6KLinear` over Q6_K's own bits (0.83 bytes a weight), the few-row GEMV for steps
+  of up to 8 rows and the GEMM of `cpu_q4` for larger ones. Under `gguf-w4a8` Q6_K experts
+  run so too (not on 8-bit activations; the dense Q6_K layers there stay dense): float
+  experts would cost 2.4x the bytes. Where those kernels do not run (no AVX-512 BF16),
+  Q6_K projections stay stacked float tensors;
+- Q8_0, except under `gguf-w4a8`: a `gemv_linear.GemvLinear` over the few-row GEMV's
+  8-bit layout (1.25 bytes a weight), for steps of up to 8 rows; larger steps unpack the
+  expert's weights to a transient bfloat16 matrix. Where the GEMV does not run, they go as
+  the 4-bit types do;
 - Q4_0, Q4_1, Q4_K (and Q8_0, above): Int4Linear layers on the kernels of the dense
   quantized layers (`quant.int4_linear`: the same exact block conversion, the few-row
   GEMV, the 4-bit GEMM, the int4 kernel or `cpu_w4a8`'s GEMM), 0.625 bytes a weight for a
@@ -19,7 +22,7 @@ representation, never beside a dense copy:
 
 A projection whose parts differ in type, or of another type, stays a stacked float tensor.
 Qwen3-30B-A3B has 29 billion expert weights: 58 GB in bfloat16, about 18 GB as 4-bit
-planes; its Q4_K_M file's Q6_K `ffn_down_exps` (4.8 billion weights) take 6 GB where they
+planes; its Q4_K_M file's Q6_K `ffn_down_exps` (4.8 billion weights) take 4 GB where they
 took 9.7 GB in bfloat16.
 
 `quantize_experts` swaps the modules on the model before its parameters are allocated, and
@@ -43,21 +46,24 @@ from gguf import GGMLQuantizationType, ReaderTensor
 from torch import Tensor, nn
 
 from superinfer.model.config import ModelConfig
-from superinfer.model.cpu_gemv import GemvKernel, Int8Weights, gemv_kernel
+from superinfer.model.cpu_gemv import MAX_ROWS as GEMV_MAX_ROWS
+from superinfer.model.cpu_gemv import GemvKernel, gemv_kernel
+from superinfer.model.cpu_q4 import q4_kernel
 from superinfer.model.gemv_linear import GemvLinear
 from superinfer.model.moe import MoE
 from superinfer.model.quant import (
     INT4_TYPES,
     Q6_K,
     Int4Linear,
+    Q6KLinear,
     _q8_0_split,
     int4_linear,
-    q6_k_rows,
+    q6_k_row_parts,
     rows_planes,
 )
 
 Q8_0 = GGMLQuantizationType.Q8_0
-# a projection: one Int4Linear or GemvLinear per expert, or the experts' stacked float
+# a projection: one Int4Linear, Q6KLinear or GemvLinear per expert, or the experts' stacked float
 # weights (E, N, K)
 Projection = nn.ModuleList | nn.Parameter
 
@@ -108,8 +114,8 @@ def quantized_expert_tensors(
 ) -> set[str]:
     """The stacked expert tensors that `quantize_experts` keeps quantized: a projection's
     when all its tensors are Q4_0, Q4_1, Q8_0 or Q4_K of one plane width (as
-    `quant.swap_int4_linears` requires of a fused layer), or, where the few-row GEMV runs
-    (`has_gemv`), all Q6_K."""
+    `quant.swap_int4_linears` requires of a fused layer), or, where the few-row GEMV and the
+    GEMM run (`has_gemv`), all Q6_K."""
     names: set[str] = set()
     for layer in range(config.num_layers):
         if not config.is_moe_layer(layer):
@@ -140,10 +146,10 @@ def quantize_experts(
     (`quantized_expert_tensors`) for QuantExperts; returns how many layers were swapped.
     Call it on the model before its parameters are allocated (on the meta device): a
     projection kept quantized is then never allocated in float; one that is not stays
-    the Experts' parameter, to be allocated and loaded as before. Q6_K projections, and
-    Q8_0 ones unless `is_w4a8`, run on the few-row GEMV's layout where it runs
-    (`GemvLinear`); the others on the kernels `max_int4_rows` and `is_w4a8` choose for the
-    dense layers (`quant.swap_int4_linears`)."""
+    the Experts' parameter, to be allocated and loaded as before. Q6_K projections run on
+    Q6_K's own layout (`Q6KLinear`), Q8_0 ones unless `is_w4a8` on the few-row GEMV's
+    8-bit layout where it runs (`GemvLinear`); the others on the kernels `max_int4_rows`
+    and `is_w4a8` choose for the dense layers (`quant.swap_int4_linears`)."""
     gemv = gemv_kernel()
     num_swapped = 0
     for layer, block in enumerate(model.model.layers):
@@ -155,7 +161,9 @@ def quantize_experts(
             if all(name in names for name in parts):
                 stacked = [tensors[name] for name in parts]
                 kinds = {t.tensor_type for t in stacked}
-                if gemv is not None and (kinds == {Q6_K} or (kinds == {Q8_0} and not is_w4a8)):
+                if kinds == {Q6_K}:  # only where both kernels run (`has_gemv`)
+                    projections[attr] = _q6k_linears(stacked, gemv)
+                elif gemv is not None and kinds == {Q8_0} and not is_w4a8:
                     projections[attr] = _gemv_linears(stacked, gemv)
                 else:
                     projections[attr] = _expert_linears(stacked, max_int4_rows, is_w4a8)
@@ -184,25 +192,33 @@ def _expert_linears(
     return nn.ModuleList(linears)
 
 
-def _gemv_linears(stacked: list[ReaderTensor], kernel: GemvKernel) -> nn.ModuleList:
-    """One GemvLinear per expert over its rows of `stacked` (all Q8_0 or all Q6_K,
-    concatenated in order)."""
-    raws = _stacked_rows(stacked)
-    is_q6 = stacked[0].tensor_type == Q6_K
-    linears: list[GemvLinear] = []
+def _q6k_linears(stacked: list[ReaderTensor], kernel: GemvKernel) -> nn.ModuleList:
+    """One Q6KLinear per expert over its rows of `stacked` (all Q6_K, concatenated in
+    order)."""
+    raws, gemm = _stacked_rows(stacked), q4_kernel()
+    linears: list[Q6KLinear] = []
     for expert in range(raws[0].shape[0]):
-        parts = [_int8_rows(raw[expert], is_q6) for raw in raws]
-        values, scales = (torch.cat([p[i] for p in parts]) for i in range(2))
-        weights: Int8Weights = (kernel.pack_q6 if is_q6 else kernel.pack_q8)(values, scales)
-        linears.append(GemvLinear(kernel, weights))
+        parts = [q6_k_row_parts(raw[expert]) for raw in raws]
+        values, sc, d = (torch.cat([p[i] for p in parts]) for i in range(3))
+        linears.append(Q6KLinear(kernel, gemm, kernel.pack_q6_k(values, sc, d), GEMV_MAX_ROWS))
     return nn.ModuleList(linears)
 
 
-def _int8_rows(raw: np.ndarray, is_q6: bool) -> tuple[Tensor, Tensor]:
-    """(values (N, K) int8, scales float32) of rows (N, row bytes) of Q6_K (a scale per 16)
-    or Q8_0 (per 32) blocks: w = value scale, as gguf dequantizes them."""
-    if is_q6:
-        return q6_k_rows(raw)
+def _gemv_linears(stacked: list[ReaderTensor], kernel: GemvKernel) -> nn.ModuleList:
+    """One GemvLinear per expert over its rows of `stacked` (all Q8_0, concatenated in
+    order)."""
+    raws = _stacked_rows(stacked)
+    linears: list[GemvLinear] = []
+    for expert in range(raws[0].shape[0]):
+        parts = [_q8_0_rows(raw[expert]) for raw in raws]
+        values, scales = (torch.cat([p[i] for p in parts]) for i in range(2))
+        linears.append(GemvLinear(kernel, kernel.pack_q8(values, scales)))
+    return nn.ModuleList(linears)
+
+
+def _q8_0_rows(raw: np.ndarray) -> tuple[Tensor, Tensor]:
+    """(values (N, K) int8, scales float32 per 32) of rows (N, row bytes) of Q8_0 blocks:
+    w = value scale, as gguf dequantizes them."""
     scales, blocks = _q8_0_split(raw)
     values = np.ascontiguousarray(blocks).view(np.int8).reshape(raw.shape[0], -1)
     return torch.from_numpy(values), torch.from_numpy(scales)

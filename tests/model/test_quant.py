@@ -24,6 +24,7 @@ from superinfer.model.quant import (
     LM_HEAD_GEMV_MAX_ROWS,
     LM_HEAD_MAX_INT4_ROWS,
     Int4Linear,
+    Q6KEmbedding,
     Q6KLinear,
     Q8Embedding,
     int4_kernel_available,
@@ -322,20 +323,24 @@ def q4_k_m_file(tmp_path_factory):
                       types=types)  # fmt: skip
 
 
-def _assert_gemv_rows_match_the_dense_layer(layer: Q6KLinear, seed: int) -> None:
-    """Up to max_gemv_rows rows: the GEMV of the exact weights, rounded once, against the
-    dense layer's bfloat16 weights (each rounded, at most 2^-9 of |w x| a product) and its
-    rounded output; more rows: the dense layer itself."""
+def _assert_q6_k_layer_matches_the_dense_one(layer: Q6KLinear, dense: nn.Linear,
+                                             seed: int) -> None:  # fmt: skip
+    """`layer` against `dense`, the same layer of the dequantized file (bfloat16 weights).
+    Up to max_gemv_rows rows, the GEMV of the exact weights, rounded once (the dense weights
+    are each rounded: at most 2^-9 of |w x| a product); more rows, the GEMM of those very
+    bfloat16 weights, whose sums only run in another order."""
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(layer.max_gemv_rows + 3, layer.in_features, generator=g).to(torch.bfloat16)
+    x = torch.randn(layer.max_gemv_rows + 13, layer.in_features, generator=g).to(torch.bfloat16)
     small = x[: layer.max_gemv_rows]
     with torch.inference_mode():
-        got, dense = layer(small).float(), layer.dense(small).float()
-        assert torch.equal(layer(x), layer.dense(x))
-        bound = (small.float().abs() @ layer.dense.weight.float().abs().t()) * 2**-8
-    assert layer.gemv is not None and got.shape == dense.shape
-    assert ((got - dense).abs() <= bound + dense.abs() * 2**-7 + 1e-6).all()
-    assert (got != dense).any()  # the GEMV ran, not the dense layer
+        got, expected = layer(small).float(), dense(small).float()
+        large, large_expected = layer(x).float(), dense(x).float()
+    bound = (small.float().abs() @ dense.weight.float().abs().t()) * 2**-8
+    assert layer.gemv is not None and got.shape == expected.shape
+    assert ((got - expected).abs() <= bound + expected.abs() * 2**-7 + 1e-6).all()
+    assert (got != expected).any()  # the GEMV ran on the exact weights
+    sums = (x.float().abs() @ dense.weight.float().abs().t()) * 2**-16
+    assert ((large - large_expected).abs() <= sums + large_expected.abs() * 2**-7 + 1e-6).all()
 
 
 @needs_gemv
@@ -354,9 +359,10 @@ def test_q4_k_m_file_runs_its_q6_k_layers_on_the_gemv(q4_k_m_file) -> None:
     assert isinstance(layers[1].self_attn.qkv_proj, MixedLinear)
     assert isinstance(layers[0].mlp.down_proj, Int4Linear)
     assert isinstance(layers[1].mlp.gate_up_proj, Int4Linear)
-    for seed, layer in enumerate([auto.lm_head, layers[1].mlp.down_proj]):
-        _assert_gemv_rows_match_the_dense_layer(layer, seed)
     dense, info = load_gguf_model(str(q4_k_m_file), torch.bfloat16, CPU, "none")
+    for seed, name in enumerate(["lm_head", "model.layers.1.mlp.down_proj"]):
+        _assert_q6_k_layer_matches_the_dense_one(auto.get_submodule(name),
+                                                 dense.get_submodule(name), seed)  # fmt: skip
     assert info.num_quantized_linears == 0
     assert not any(isinstance(m, (Q6KLinear, Int4Linear, MixedLinear)) for m in dense.modules())
     if w4a8_kernel() is not None:
@@ -366,12 +372,13 @@ def test_q4_k_m_file_runs_its_q6_k_layers_on_the_gemv(q4_k_m_file) -> None:
         assert not any(isinstance(m, Q6KLinear) for m in w4a8.modules())
 
 
-def _q6_k_kept_dense(model: nn.Module) -> nn.Module:
-    """`model` with each Q6KLinear replaced by its dense layer: Q6_K dequantized, as before."""
+def _q6_k_kept_dense(model: nn.Module, dense: nn.Module) -> nn.Module:
+    """`model` with each Q6KLinear replaced by `dense`'s layer of that name (the file
+    dequantized): Q6_K dense, as before."""
     for name, module in list(model.named_modules()):
         if isinstance(module, Q6KLinear):
             parent, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent), child, module.dense)
+            setattr(model.get_submodule(parent), child, dense.get_submodule(name))
     return model
 
 
@@ -382,8 +389,9 @@ def test_q4_k_m_greedy_tokens_under_auto_are_those_of_the_dequantized_file(q4_k_
     logits span about +-7: the Q4_K layers (their scales and zeros rounded to bfloat16)
     move them by up to 0.42, the Q6_K layers on the GEMV by a bfloat16 step of them."""
     load = functools.partial(load_gguf_model, str(q4_k_m_file), torch.bfloat16, CPU)
-    models = {"none": load("none")[0], "auto": load("auto")[0],
-              "auto, Q6_K dense": _q6_k_kept_dense(load("auto")[0])}  # fmt: skip
+    none = load("none")[0]
+    models = {"none": none, "auto": load("auto")[0],
+              "auto, Q6_K dense": _q6_k_kept_dense(load("auto")[0], none)}  # fmt: skip
     runs = {name: greedy_logits(model, PROMPT, 24) for name, model in models.items()}
     (expected, reference), (tokens, logits) = runs["none"], runs["auto"]
     step = next((i for i, (a, b) in enumerate(zip(expected, tokens)) if a != b), len(tokens))
@@ -401,21 +409,25 @@ def test_q4_k_m_greedy_tokens_under_auto_are_those_of_the_dequantized_file(q4_k_
 
 @needs_gemv
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_q6_k_layers_and_tied_head_run_on_the_gemv(arch, tmp_path) -> None:
-    """A file of Q6_K matrices only: every linear layer runs the GEMV, q/k rows in the
-    model's order (Llama's are permuted in the file); Qwen3's lm_head is its Q6_K
-    embedding (no output.weight), whose lookup stays dense and whose table the GEMV
-    head's larger steps share."""
+def test_q6_k_layers_and_tied_head_run_quantized(arch, tmp_path) -> None:
+    """A file of Q6_K matrices only: every linear layer runs the GEMV and the GEMM, q/k rows
+    in the model's order (Llama's are permuted in the file); the token embedding looks its
+    rows up in the Q6_K bits, and Qwen3's (tied: no output.weight) shares lm_head's."""
     sizes = {**TINY, **K_QUANT_SIZES}
     config = (LlamaConfig(**sizes) if arch == "llama"
               else Qwen3Config(**sizes, head_dim=64, tie_word_embeddings=True))  # fmt: skip
     path = write_gguf(_k_quant_model(tmp_path, config), tmp_path / "q6k.gguf", arch, Q6_K)
+    dense, _ = load_gguf_model(str(path), torch.bfloat16, CPU, "none")
     for quantization in ("auto", "gguf"):
         model, info = load_gguf_model(str(path), torch.bfloat16, CPU, quantization)
-        swapped = [m for m in model.modules() if isinstance(m, Q6KLinear)]
+        swapped = {n: m for n, m in model.named_modules() if isinstance(m, Q6KLinear)}
         assert info.num_quantized_linears == len(swapped) == 4 * TINY["num_hidden_layers"] + 1
-        for seed, layer in enumerate(swapped):
-            _assert_gemv_rows_match_the_dense_layer(layer, seed)
-    if arch == "qwen3":
-        head, table = model.lm_head, model.model.embed_tokens
-        assert type(table) is nn.Embedding and head.dense.weight is table.weight
+        for seed, (name, layer) in enumerate(swapped.items()):
+            _assert_q6_k_layer_matches_the_dense_one(layer, dense.get_submodule(name), seed)
+        assert not any(isinstance(m, nn.Linear) for m in model.modules())  # no dense copy
+        table = model.model.embed_tokens
+        assert info.is_embedding_quantized and isinstance(table, Q6KEmbedding)
+        assert (table.weights is model.lm_head.weights) == (arch == "qwen3")
+        ids = torch.tensor([[0, 7, 7], [TINY["vocab_size"] - 1, 3, 100]])
+        with torch.inference_mode():
+            assert torch.equal(table(ids), dense.model.embed_tokens(ids))

@@ -17,7 +17,7 @@ from superinfer.model.cpu_w4a8 import w4a8_kernel
 from superinfer.model.gemv_linear import GemvLinear
 from superinfer.model.loader import load_gguf_model
 from superinfer.model.moe import Experts
-from superinfer.model.quant import Int4Linear, int4_kernel_available
+from superinfer.model.quant import Int4Linear, Q6KLinear, int4_kernel_available
 from superinfer.model.quant_moe import QuantExperts
 from tests.model.gguf_tiny import (
     MIXED_PROMPTS,
@@ -84,8 +84,8 @@ def _sorted_rows(counts: Sequence[int], size: int) -> tuple[Tensor, Tensor]:
     return x, experts
 
 
-# (model, qtype, quantization, projections kept quantized a layer, of which on the 8-bit
-# GEMV layout in both layers)
+# (model, qtype, quantization, projections kept quantized a layer, of which on the GEMV's
+# layouts in both layers: the 8-bit one (Q8_0) or Q6_K's own)
 LAYER_CASES = [("qwen3moe", Q4_0, "auto", 2, 0), ("qwen3moe", Q8_0, "auto", 2, 4),
                ("mixtral", Q4_1, "auto", 2, 0), ("mixtral", Q4_0, "gguf", 2, 0),
                ("mixtral", Q8_0, "gguf", 2, 4),
@@ -104,21 +104,23 @@ def test_quantized_experts_compute_the_dequantized_experts(
     name, qtype, quantization, num_quantized, num_gemv, gguf_file
 ) -> None:
     """One batch of rows over every kernel path: an expert with more rows than the few-row
-    GEMV takes (the 4-bit GEMM under auto; Q8_0 and Q6_K weights unpacked to bfloat16), one
+    GEMV takes (the 4-bit and Q6_K GEMMs under auto; Q8_0 weights unpacked to bfloat16), one
     with a few, one with none."""
     if quantization == "gguf-w4a8" and w4a8_kernel() is None:
         pytest.skip("no AVX-512 VNNI and BF16 here")
     path = gguf_file(name, qtype)
     dense, quantized = _load(path, "none"), _load(path, quantization)
     x, ids = _sorted_rows([11, 0, 3, 26], dense.config.hidden_size)
-    on_gemv = 0
+    on_gemv = num_unpacked = 0
     for layer in range(2):
         experts = [m.model.layers[layer].mlp.experts for m in (dense, quantized)]
         assert isinstance(experts[0], Experts) and isinstance(experts[1], QuantExperts)
         projections = [experts[1].gate_up_proj, experts[1].down_proj]
         assert sum(isinstance(p, nn.ModuleList) for p in projections) == num_quantized
-        on_gemv += sum(isinstance(p, nn.ModuleList) and isinstance(p[0], GemvLinear)
+        on_gemv += sum(isinstance(p, nn.ModuleList) and isinstance(p[0], (GemvLinear, Q6KLinear))
                        for p in projections)  # fmt: skip
+        num_unpacked += sum(isinstance(p, nn.ModuleList) and isinstance(p[0], GemvLinear)
+                            for p in projections)  # fmt: skip
         with torch.inference_mode():
             expected, got = experts[0](x, ids).float(), experts[1](x, ids).float()
         scale = expected.abs().max()
@@ -127,7 +129,7 @@ def test_quantized_experts_compute_the_dequantized_experts(
         # products: measured at about half these bounds
         assert (got - expected).abs().max() < 2**-6 * scale
         assert (got - expected).abs().mean() < 2**-9 * scale
-        if num_gemv == 4:  # > 8 rows: `none`'s bfloat16 weights, unpacked
+        if num_unpacked == 2 * (layer + 1):  # > 8 rows: `none`'s bfloat16 weights, unpacked
             for rows in (slice(0, 11), slice(14, None)):
                 assert torch.equal(got[rows], expected[rows])
     assert on_gemv == num_gemv
@@ -206,7 +208,7 @@ def _held_bytes(module: nn.Module) -> int:
         if isinstance(layer, Int4Linear):
             for value in (layer.packed, layer.scales_zeros, layer.q4, layer.gemv_weights):
                 add(value)
-        elif isinstance(layer, GemvLinear):
+        elif isinstance(layer, (GemvLinear, Q6KLinear)):
             add(layer.weights)
     return sum(storages.values())
 
@@ -214,9 +216,9 @@ def _held_bytes(module: nn.Module) -> int:
 # (model, qtype, quantization, bounds of the bytes held over bfloat16's)
 HELD_CASES = [("qwen3moe", Q4_0, "auto", 0.25, 0.34), ("qwen3moe", Q4_0, "gguf", 0.25, 0.34),
               ("qwen3moe", Q8_0, "gguf", 0.6, 0.7), ("qwen3moe", Q8_0, "auto", 0.62, 0.63),
-              ("qwen3moe-256", Q6_K, "auto", 0.62, 0.63),
-              # layer 0: 0.625 bytes a weight for gate/up, 1.25 for down; layer 1: 0.625
-              ("qwen3moe-256", Q4_K_M, "auto", 0.3, 0.42)]  # fmt: skip
+              ("qwen3moe-256", Q6_K, "auto", 0.41, 0.42),
+              # layer 0: 0.625 bytes a weight for gate/up, 0.83 for down; layer 1: 0.625
+              ("qwen3moe-256", Q4_K_M, "auto", 0.3, 0.35)]  # fmt: skip
 
 
 @pytest.mark.parametrize(("name", "qtype", "quantization", "min_ratio", "max_ratio"),
@@ -225,8 +227,9 @@ def test_experts_are_kept_quantized_and_never_dequantized(
     name, qtype, quantization, min_ratio, max_ratio, gguf_file, monkeypatch
 ) -> None:
     """No float expert weights in the model, nor dequantized at load; 4-bit experts hold
-    0.625 bytes a weight (4 bits, a bfloat16 scale and zero per 32), Q8_0 and Q6_K ones
-    1.25 (8 bits, a float scale per 32 or 16 inputs, and Q8_0's unused offsets)."""
+    0.625 bytes a weight (4 bits, a bfloat16 scale and zero per 32), Q8_0 ones 1.25 (8 bits,
+    a float scale per 32 inputs, and unused offsets), Q6_K ones 0.83 (6.5 bits, an int8
+    scale per 16 inputs, a float d per 256)."""
     path = gguf_file(name, qtype)
     dequantized = []
     original = gguf_checkpoint._dequantize

@@ -1,9 +1,10 @@
 """Fused GGUF layers whose parts differ in type (`quant_parts.MixedLinear`): each part on
-the few-row GEMV for steps of a few rows, the dense fused layer for larger ones, against
-that dense layer, the file dequantized, the flat decode loop and the engine."""
+the few-row GEMV for steps of a few rows and on the GEMM for larger ones, against the
+weights the GEMM multiplies by, the file dequantized, the flat decode loop and the engine."""
 
 from __future__ import annotations
 
+import copy
 import functools
 
 import pytest
@@ -14,7 +15,7 @@ from transformers import AutoTokenizer, LlamaConfig, Qwen2Config, Qwen3Config
 
 from superinfer.model.cpu_gemv import MAX_ROWS as GEMV_MAX_ROWS
 from superinfer.model.cpu_gemv import gemv_kernel
-from superinfer.model.cpu_linear import PackedLinear, pack_linears
+from superinfer.model.cpu_linear import pack_linears
 from superinfer.model.cpu_q4 import q4_kernel
 from superinfer.model.cpu_w4a8 import w4a8_kernel
 from superinfer.model.loader import load_gguf_model
@@ -80,37 +81,52 @@ def _mixed_layers(model: nn.Module) -> dict[str, nn.Module]:
     return {name: m for name, m in model.named_modules() if isinstance(m, MixedLinear)}
 
 
-def _assert_few_rows_match_the_dense_layer(layer: MixedLinear, seed: int) -> None:
-    """1, 3 and 8 rows against the dense fused layer. The GEMV multiplies by each weight as
-    float32 (4-bit parts: (q - 8) s + z with s, z in bfloat16; Q6_K: d sc q); the dense
-    layer by that weight rounded to bfloat16 (at most 2^-9 of it), and both outputs are
-    rounded to bfloat16 (2^-9 of each): per output, |gemv - dense| <= 2^-9 sum |x w| +
-    2^-8 |dense| to first order; asserted with twice that. Rows are computed on their own."""
+def _gemm_weights(layer: MixedLinear) -> tuple[Tensor, Tensor | None]:
+    """The bfloat16 weights `layer`'s larger steps multiply by (its parts' GEMMs times the
+    identity, without their biases: one weight per output), and its float biases."""
+    eye = torch.eye(layer.in_features, dtype=torch.bfloat16)
+    rows, biases = [], []
+    for part in layer.parts:
+        unbiased = copy.copy(part)
+        unbiased.bias = None
+        rows.append(layer._gemm(eye, unbiased).t())
+        biases.append(part.bias)
+    return torch.cat(rows), None if biases[0] is None else torch.cat(biases)
+
+
+def _assert_steps_match_the_gemm_weights(layer: MixedLinear, seed: int) -> None:
+    """1, 3 and 8 rows against the exact products of `_gemm_weights`. The GEMV multiplies
+    by each weight as float32 (4-bit parts: (q - 8) s + z with s, z in bfloat16; Q6_K:
+    d sc q), not that weight rounded to bfloat16 (at most 2^-9 of it), and rounds its output
+    to bfloat16: per output, |gemv - exact| <= 2^-9 sum |x w| + 2^-9 |exact| to first
+    order; asserted with twice that. Rows are computed on their own. More rows run the GEMM
+    of those very weights: float sums in another order, then one rounding."""
     g = torch.Generator().manual_seed(seed)
-    weight = layer.dense.weight.float()
+    weight, bias = _gemm_weights(layer)
+    w = weight.double()
     differ = False
     with torch.inference_mode():
-        for num_rows in (1, 3, GEMV_MAX_ROWS):
+        for num_rows in list(range(1, GEMV_MAX_ROWS + 1)) + [GEMV_MAX_ROWS + 1, 21]:
             x = torch.randn(num_rows, layer.in_features, generator=g).to(torch.bfloat16)
-            got, dense = layer(x).float(), layer.dense(x).float()
-            bound = (x.float().abs() @ weight.abs().t()) * 2**-8 + dense.abs() * 2**-7 + 1e-6
-            assert got.shape == dense.shape and ((got - dense).abs() <= bound).all()
-            assert torch.equal(layer(x[:1]).float(), got[:1])
-            differ |= bool((got != dense).any())
-        assert differ  # the GEMV ran, not the dense layer
-        for num_rows in (GEMV_MAX_ROWS + 1, 21):
-            x = torch.randn(num_rows, layer.in_features, generator=g).to(torch.bfloat16)
-            assert torch.equal(layer(x), layer.dense(x))
+            got = layer(x).double()
+            exact = x.double() @ w.t() + (0 if bias is None else bias.double())
+            scale = 2**-8 if num_rows <= GEMV_MAX_ROWS else 2**-16
+            bound = (x.double().abs() @ w.abs().t()) * scale + exact.abs() * 2**-8 + 1e-6
+            assert got.shape == exact.shape and ((got - exact).abs() <= bound).all()
+            if num_rows <= GEMV_MAX_ROWS:
+                assert torch.equal(layer(x[:1]).double(), got[:1])
+                differ |= bool((got != exact.to(torch.bfloat16).double()).any())
+        assert differ  # the GEMV ran on the exact weights
 
 
 @pytest.mark.parametrize("name", list(FILES))
 def test_mixed_fused_layers_run_their_parts_on_the_gemv(name, gguf_file) -> None:
-    """Under auto (and gguf) the fused layers whose parts mix types become MixedLinear, their
-    few rows within bfloat16 rounding of the dense fused layer, in its row order (q/k
-    reordered for Qwen, biases per part); under none and gguf-w4a8 they stay nn.Linear. The
-    dense rows of the Q6_K parts are the loader's; the 4-bit and Q8_0 ones are made of their
-    scales and zeros rounded to bfloat16 (each weight off by 2^-9 of 8 |scale| + |zero|,
-    and its own rounding), near the loader's."""
+    """Under auto (and gguf) the fused layers whose parts mix types become MixedLinear, its
+    steps within bfloat16 rounding of the weights its GEMM multiplies by, in the dense
+    fused layer's row order (q/k reordered for Qwen, biases per part); under none and
+    gguf-w4a8 they stay nn.Linear. The GEMM's Q6_K rows are the loader's; the 4-bit and
+    Q8_0 ones are made of their scales and zeros rounded to bfloat16 (each weight off by
+    2^-9 of 8 |scale| + |zero|, and its own rounding), near the loader's."""
     path = gguf_file(name)
     auto = _load(path, "auto")
     expected = set(MIXED[name])
@@ -118,20 +134,21 @@ def test_mixed_fused_layers_run_their_parts_on_the_gemv(name, gguf_file) -> None
     assert set(_mixed_layers(_load(path, "gguf"))) == expected
     dense = _load(path, "none")
     for seed, (module, layer) in enumerate(_mixed_layers(auto).items()):
-        assert layer.max_gemv_rows == GEMV_MAX_ROWS and type(layer.dense) is nn.Linear
+        assert layer.max_gemv_rows == GEMV_MAX_ROWS
         assert len(layer.parts) == 2  # q and k (one layout) in one GEMV call
-        _assert_few_rows_match_the_dense_layer(layer, seed)
+        _assert_steps_match_the_gemm_weights(layer, seed)
+        weight, bias = _gemm_weights(layer)
         loaded = dense.get_submodule(module)
         assert type(loaded) is nn.Linear
         first, last = slice(-layer.parts[-1].num_out), slice(-layer.parts[-1].num_out, None)
         last_name = f"blk.{module.split('.')[2]}.{LAST_PART[module.rpartition('.')[2]]}.weight"
         last_is_q6 = FILES[name][3].get(last_name) == Q6_K
-        assert torch.equal(layer.dense.weight[last], loaded.weight[last]) == last_is_q6
-        assert not torch.equal(layer.dense.weight[first], loaded.weight[first])
-        gap = (layer.dense.weight.float() - loaded.weight.float()).abs().max()
+        assert torch.equal(weight[last], loaded.weight[last]) == last_is_q6
+        assert not torch.equal(weight[first], loaded.weight[first])
+        gap = (weight.float() - loaded.weight.float()).abs().max()
         assert gap <= 2**-6 * loaded.weight.float().abs().max()  # measured: up to 2^-7.4
         if name == "qwen2":
-            assert torch.equal(layer.dense.bias, loaded.bias)
+            assert torch.equal(bias, loaded.bias.float())
     others = ["none"] + (["gguf-w4a8"] if w4a8_kernel() is not None else [])
     for other in others:
         model = dense if other == "none" else _load(path, other)
@@ -150,10 +167,17 @@ def _agreeing_steps(tokens: list[int], expected: list[int], logits: Tensor) -> i
 
 
 def _mixed_kept_dense(model: nn.Module) -> nn.Module:
-    """`model` with each MixedLinear replaced by its dense layer, as before it existed."""
+    """`model` with each MixedLinear replaced by a dense layer of the same weights
+    (`_gemm_weights`), as it was before MixedLinear existed."""
     for name, module in _mixed_layers(model).items():
+        weight, bias = _gemm_weights(module)
+        dense = nn.Linear(module.in_features, module.out_features, bias=bias is not None,
+                          dtype=torch.bfloat16).requires_grad_(False)  # fmt: skip
+        dense.weight.copy_(weight)
+        if bias is not None:
+            dense.bias.copy_(bias)
         parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent), child, module.dense)
+        setattr(model.get_submodule(parent), child, dense)
     return model
 
 
@@ -185,7 +209,6 @@ def test_flat_decode_runs_the_mixed_layers_as_the_modules_do(name, gguf_file) ->
     assert "on" in model.use_flat_decode()
     layers, flat = model.model.layers[1], model.model.flat_decode.layers[1]
     assert isinstance(layers.self_attn.qkv_proj, MixedLinear)
-    assert isinstance(layers.self_attn.qkv_proj.dense, PackedLinear)
     assert flat.qkv.__self__ is layers.self_attn.qkv_proj
     assert flat.gate_up.__self__ is layers.mlp.gate_up_proj
     flat_logits, module_logits, flat_cache, module_cache = _decode_both_ways(model)
@@ -194,7 +217,7 @@ def test_flat_decode_runs_the_mixed_layers_as_the_modules_do(name, gguf_file) ->
 
 def test_engine_serves_a_q4_k_m_file_with_mixed_layers(gguf_file, monkeypatch) -> None:
     """The engine (auto: bfloat16, the flat loop; prefill chunks of up to 16 tokens on the
-    dense layers, decode batches on the parts) on prompts of mixed lengths: each request's
+    parts' GEMM, decode batches on their GEMV) on prompts of mixed lengths: each request's
     tokens are those of the dequantized file alone, up to a near-tie."""
     path = gguf_file("qwen3")
     word_tokenizer = AutoTokenizer.from_pretrained(path.parent / "hf")  # the GGUF holds none

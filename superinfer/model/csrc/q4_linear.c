@@ -1,4 +1,5 @@
-/* A linear layer over 4-bit weights in GGUF's blocks of 32, for any number of rows (CPU).
+/* A linear layer over 4-bit weights in GGUF's blocks of 32, for any number of rows (CPU),
+ * and the same GEMM over Q6_K weights in their own layout (q6k_linear, at the end).
  *
  * Built with the other kernels by superinfer/model/cpu_kernels.py and called through
  * ctypes (superinfer/model/cpu_q4.py). PyTorch's int4 kernel reads 4 bits a weight, which
@@ -21,6 +22,8 @@
  */
 #include <stdint.h>
 #include <stdlib.h>
+
+#include "q6k.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -181,4 +184,137 @@ int q4_linear(const void *x, int64_t x_stride, int64_t num_rows, int64_t num_in,
     (void)bias, (void)y, (void)num_out, (void)num_threads;
     return -1;
 #endif
+}
+
+/* Q6_K weights (q6k.h) for any number of rows: the 4-bit GEMM above, with each strip of 32
+ * columns (two of Q6_K's strips of 16) dequantized from Q6_K's own bits into the same
+ * scratch, so a Q6_K layer keeps no dense copy for prefill and batched decode. A weight is
+ * the dense copy's to the bit: (d sc) (u - 32) in float (d sc exact, as gguf's dequantizer
+ * computes it), rounded to bfloat16 (nearest even). */
+#ifdef HAVE_BF16_DOT
+/* The bfloat16 pairs of 16 columns' inputs 2p, 2p + 1, their u in the low 6 bits of each
+ * word of `u` (word 2 c + i: column c's input 2 p + i; higher bits ignored), times scale
+ * (the columns' d sc), stored at w[column] as q4_linear's scratch holds them. */
+static inline void store_q6k_pairs(__m512i u, __m512 scale, __m512i interleave, uint32_t *w) {
+    const __m512i six = _mm512_set1_epi32(0x3F);
+    const __m512 offset = _mm512_set1_ps(32.f);
+    const __m512 lo = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_and_si512(u, six)), offset);
+    const __m512 hi = _mm512_sub_ps(
+        _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(u, 16), six)), offset);
+    const __m512i halves = (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(hi, scale),
+                                                         _mm512_mul_ps(lo, scale));
+    _mm512_storeu_si512(w, _mm512_permutexvar_epi16(interleave, halves));
+}
+
+/* One Q6_K strip (16 columns) into half h of a scratch strip, [input pair][half][column]. */
+static void dequantize_q6k_strip(const uint8_t *record, const float *d, int64_t num_blocks,
+                                 int h, uint32_t *w) {
+    uint16_t order[32]; /* as dequantize_strip's: lane j gets word j, then word 16 + j */
+    for (int i = 0; i < 16; i++) order[2 * i] = (uint16_t)i, order[2 * i + 1] = (uint16_t)(16 + i);
+    const __m512i interleave = _mm512_loadu_si512(order);
+    const __m512i low4 = _mm512_set1_epi16(0x000F);
+    __m512 dv = _mm512_setzero_ps();
+    for (int64_t b = 0; b < num_blocks; b++, record += Q6K_RECORD) {
+        if (b % Q6K_SUPER == 0) dv = _mm512_loadu_ps(d + (b / Q6K_SUPER) * Q6K_STRIP);
+        __m512 scale[2];
+        for (int half = 0; half < 2; half++)
+            scale[half] = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                _mm_loadu_si128((const __m128i *)(record + 384 + 16 * half)))));
+        for (int m = 0; m < 4; m++) {
+            const __m512i high = _mm512_cvtepu8_epi16(
+                _mm256_loadu_si256((const __m256i *)(record + 256 + 32 * m)));
+            for (int s = 0; s < 2; s++) {
+                const int k = m + 4 * s; /* pairs k and k + 8 (q_gemv.c's q6k_strip) */
+                const __m512i nib = _mm512_cvtepu8_epi16(
+                    _mm256_loadu_si256((const __m256i *)(record + 32 * k)));
+                const __m512i h0 = s ? _mm512_slli_epi16(high, 2) : _mm512_slli_epi16(high, 4);
+                const __m512i h1 = s ? _mm512_srli_epi16(high, 2) : high;
+                const __m512i u0 = _mm512_ternarylogic_epi32(nib, h0, low4, 0xE4);
+                const __m512i u1 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(nib, 4), h1,
+                                                             low4, 0xE4);
+                store_q6k_pairs(u0, scale[0], interleave, w + ((b * 16 + k) * 2 + h) * 16);
+                store_q6k_pairs(u1, scale[1], interleave, w + ((b * 16 + k + 8) * 2 + h) * 16);
+            }
+        }
+    }
+}
+#endif
+
+/* y (num_rows, num_out) bfloat16 = x (num_rows, num_in) bfloat16 @ w.T (+ bias, float), w
+ * Q6_K weights packed by pack_q6_k (records and d). x as q4_linear takes it. Returns 0; -1
+ * where this kernel does not run (no AVX-512 BF16, num_in not a multiple of 256); -2 when
+ * out of memory. */
+int q6k_linear(const void *x, int64_t x_stride, int64_t num_rows, int64_t num_in,
+               const uint8_t *packed, const float *d, const float *bias, void *y,
+               int64_t num_out, int num_threads) {
+#ifdef HAVE_BF16_DOT
+    if (num_in % (BLOCK * Q6K_SUPER) || x_stride % 2) return -1;
+    const int64_t num_q6k_strips = (num_out + Q6K_STRIP - 1) / Q6K_STRIP;
+    const int64_t num_strips = (num_out + STRIP - 1) / STRIP, num_blocks = num_in / BLOCK;
+    const int64_t num_pairs = num_in / 2, num_supers = num_blocks / Q6K_SUPER;
+    int status = 0;
+#pragma omp parallel num_threads(num_threads)
+    {
+        uint32_t *w = aligned_alloc(64, (size_t)num_pairs * STRIP * sizeof(uint32_t));
+        if (!w) {
+#pragma omp atomic write
+            status = -2;
+        }
+#pragma omp for schedule(static)
+        for (int64_t s = 0; s < num_strips; s++) {
+            if (!w) continue;
+            for (int h = 0; h < 2; h++) {
+                const int64_t t = 2 * s + h; /* the Q6_K strip in this half */
+                if (t < num_q6k_strips)
+                    dequantize_q6k_strip(packed + t * num_blocks * Q6K_RECORD,
+                                         d + t * num_supers * Q6K_STRIP, num_blocks, h, w);
+                else /* past the last column: zero weights */
+                    for (int64_t p = 0; p < num_pairs; p++)
+                        _mm512_storeu_si512(w + (p * 2 + h) * 16, _mm512_setzero_si512());
+            }
+            const int64_t col = s * STRIP;
+            const int num_cols = num_out - col < STRIP ? (int)(num_out - col) : STRIP;
+            for (int64_t r = 0; r < num_rows; r += ROW_TILE) {
+                const int n = num_rows - r < ROW_TILE ? (int)(num_rows - r) : ROW_TILE;
+                tile_rows((const uint32_t *)((const uint16_t *)x + r * x_stride), x_stride / 2,
+                          w, num_pairs, bias, (uint16_t *)y + r * num_out, num_out, col,
+                          num_cols, n);
+            }
+        }
+        free(w);
+    }
+    return status;
+#else
+    (void)x, (void)x_stride, (void)num_rows, (void)num_in, (void)packed, (void)d;
+    (void)bias, (void)y, (void)num_out, (void)num_threads;
+    return -1;
+#endif
+}
+
+/* out (num_ids, num_in) float = rows ids[i] of Q6_K weights packed by pack_q6_k, each
+ * weight (d sc) (u - 32) in float (exact products, as q6k_linear's before rounding): an
+ * embedding's lookups. Returns 0; -1 where num_in is not a multiple of 256 or an id is out
+ * of range. Plain C: a step looks up one row per token. */
+int q6k_rows(const uint8_t *packed, const float *d, int64_t num_out, int64_t num_in,
+             const int64_t *ids, int64_t num_ids, float *out) {
+    if (num_in % (BLOCK * Q6K_SUPER)) return -1;
+    for (int64_t i = 0; i < num_ids; i++)
+        if (ids[i] < 0 || ids[i] >= num_out) return -1;
+    const int64_t num_blocks = num_in / BLOCK, num_supers = num_blocks / Q6K_SUPER;
+    for (int64_t i = 0; i < num_ids; i++) {
+        const int64_t t = ids[i] / Q6K_STRIP;
+        const int c = (int)(ids[i] % Q6K_STRIP);
+        for (int64_t b = 0; b < num_blocks; b++) {
+            const uint8_t *record = packed + (t * num_blocks + b) * Q6K_RECORD;
+            const float dc = d[(t * num_supers + b / Q6K_SUPER) * Q6K_STRIP + c];
+            for (int k = 0; k < BLOCK; k++) {
+                const int p = k / 2, byte = 2 * c + k % 2;
+                const int low = record[32 * (p % 8) + byte] >> (4 * (p / 8)) & 15;
+                const int high = record[256 + 32 * (p % 4) + byte] >> (2 * (p / 4)) & 3;
+                const float scale = dc * (float)(int8_t)record[384 + 16 * (k / 16) + c];
+                out[i * num_in + b * BLOCK + k] = scale * (float)((low | high << 4) - 32);
+            }
+        }
+    }
+    return 0;
 }

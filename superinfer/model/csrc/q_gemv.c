@@ -31,6 +31,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "q6k.h"
+
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
 #include <immintrin.h>
 #define HAVE_GEMV 1
@@ -319,26 +321,12 @@ int unpack_int8_bf16(const int8_t *packed, const void *scales, int64_t num_out,
 #endif
 }
 
-/* Q6_K weights in their own layout, at 6.625 bits a weight where the 8-bit layout above
- * reads 10: w = d sc (q - 32), q = u in 0..63 (6 bits), sc an int8 per 16 inputs, d a float
- * per 256 (a Q6_K super-block). Strips of 16 columns; per strip and block of 32 inputs a
- * record of Q6K_RECORD bytes (made by pack_q6_k):
- *
- *   [0, 256)    chunk k (0..7) at 32 k: byte 2 c + i holds, in its low nibble, the low 4
- *               bits of u of column c's input 2 k + i (pair k), in its high nibble those of
- *               input 16 + 2 k + i (pair k + 8);
- *   [256, 384)  chunk m (0..3) at 256 + 32 m: byte 2 c + i holds, in bits 2 s and 2 s + 1,
- *               u >> 4 of column c's input 2 (m + 4 s) + i (pair m + 4 s), s in 0..3;
- *   [384, 416)  sc of the 16 columns' inputs 0..15, then of inputs 16..31 (int8);
- *
- * and per strip and super-block, in `d`, the 16 columns' float d. A chunk widened to 32
- * words (column c's pair in lane c) gives each weight's u in the low 6 bits of a word once
- * its high bits are moved beside its nibble (bits above 5 are not read), and `vpermi2w`
- * turns u into the bfloat16 of u - 32 (exact): the pairs then go to `vdpbf16ps` with the
- * rows' bfloat16 pairs, as q4_strip does. Each half-block's sums are scaled by d sc, the
- * float product q6_gemv's layout holds (exact: an 11-bit d times an int8). */
-#define Q6K_RECORD 416
-#define Q6K_SUPER 8 /* blocks of a super-block */
+/* Q6_K weights in their own layout (q6k.h). A chunk widened to 32 words (column c's pair
+ * in lane c) gives each weight's u in the low 6 bits of a word once its high bits are moved
+ * beside its nibble (bits above 5 are not read), and `vpermi2w` turns u into the bfloat16
+ * of u - 32 (exact): the pairs then go to `vdpbf16ps` with the rows' bfloat16 pairs, as
+ * q4_strip does. Each half-block's sums are scaled by d sc, the float product q6_gemv's
+ * layout holds (exact: an 11-bit d times an int8). */
 
 #ifdef HAVE_GEMV
 /* `q4_strip` for Q6_K records: y (16 columns) for num_rows <= ROW_TILE rows of bfloat16 x. */
