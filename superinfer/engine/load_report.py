@@ -34,7 +34,7 @@ def _model_line(engine: LLMEngine) -> str:
     if info.quantization == "none":
         quantization = "none"
     elif info.num_quantized_linears or info.num_quantized_expert_layers:  # model/quant.py
-        embedding = ", the token embedding kept Q8_0" if info.is_embedding_quantized else ""
+        embedding = ", the token embedding kept quantized" if info.is_embedding_quantized else ""
         experts = (f" and the experts of {info.num_quantized_expert_layers} MoE layers"
                    if info.num_quantized_expert_layers else "")  # fmt: skip
         kernel = info.kernel or ("on 8-bit activations (gguf-w4a8)"

@@ -58,8 +58,8 @@ context; their local layers still skip the blocks out of the window.
 
 | format | `--quantization` | how it runs |
 |---|---|---|
-| GGUF Q4_0, Q4_1, Q8_0, Q4_K | `gguf` | kept quantized: each 32-weight block becomes one (scale, zero) group of PyTorch's CPU int4 kernel (`aten._weight_int4pack_mm_for_cpu`, bfloat16 activations); Q8_0 as two 4-bit planes; Q4_K's blocks of 32 with their 6-bit scales and mins (`superinfer/model/quant.py`). A fused q/k/v or gate/up whose parts differ in type (Q4_K q/k with a Q6_K v, as Q4_K_M files hold in about half their layers; 4-bit parts with a Q8_0 one) runs, where the few-row GEMV runs (not under `gguf-w4a8`), each part on the GEMV for steps of up to 8 rows and the fused layer dequantized for larger steps (`superinfer/model/quant_parts.py`: the parts' quantized copies take memory on top of the dense layer); elsewhere, or with a part in a type not listed here, it is dequantized. A Q8_0 token embedding stays Q8_0, and a step dequantizes the rows it reads. MoE experts (`ffn_{gate,up,down}_exps`) stay quantized too (Q6_K ones as well, where the few-row GEMV runs), one layer per expert, never in float (`superinfer/model/quant_moe.py`): Qwen3-30B-A3B's 29 billion expert weights take about 18 GB as 4-bit planes, 58 GB in bfloat16 |
-| GGUF Q6_K (Q4_K_M files' lm_head, some ffn_down and attn_v) | `gguf` | where the few-row GEMV runs (AVX-512 BF16), steps of up to 8 rows (lm_head: 4) run it on Q6_K's own bits, 6.625 a weight (the 6-bit values as a 4-bit and a 2-bit plane, an int8 scale per 16 inputs, a float d per 256: `q6k_gemv` in `superinfer/model/csrc/q_gemv.c`); larger steps, and every step elsewhere or under `gguf-w4a8`, run the weights dequantized to `--dtype`. A Q6_K token embedding stays dequantized (as lm_head of a tied model, it runs the GEMV) |
+| GGUF Q4_0, Q4_1, Q8_0, Q4_K | `gguf` | kept quantized: each 32-weight block becomes one (scale, zero) group of PyTorch's CPU int4 kernel (`aten._weight_int4pack_mm_for_cpu`, bfloat16 activations); Q8_0 as two 4-bit planes; Q4_K's blocks of 32 with their 6-bit scales and mins (`superinfer/model/quant.py`). A fused q/k/v or gate/up whose parts differ in type (Q4_K q/k with a Q6_K v, as Q4_K_M files hold in about half their layers; 4-bit parts with a Q8_0 one) runs, where the few-row GEMV runs (not under `gguf-w4a8`), each part on its own kernels: the GEMV for steps of up to 8 rows, the 4-bit or Q6_K GEMM for larger steps (a Q8_0 part unpacked for the step), with no dense copy (`superinfer/model/quant_parts.py`); elsewhere, or with a part in a type not listed here, it is dequantized. A Q8_0 token embedding stays Q8_0, and a step dequantizes the rows it reads. MoE experts (`ffn_{gate,up,down}_exps`) stay quantized too (Q6_K ones as well, in Q6_K's own bits, where the few-row GEMV runs), one layer per expert, never in float (`superinfer/model/quant_moe.py`): Qwen3-30B-A3B's 29 billion expert weights take about 18 GB as 4-bit planes, 58 GB in bfloat16 |
+| GGUF Q6_K (Q4_K_M files' lm_head, some ffn_down and attn_v) | `gguf` | where the few-row GEMV runs (AVX-512 BF16), steps of up to 8 rows (lm_head: 4) run it on Q6_K's own bits, 6.625 a weight (the 6-bit values as a 4-bit and a 2-bit plane, an int8 scale per 16 inputs, a float d per 256: `q6k_gemv` in `superinfer/model/csrc/q_gemv.c`); larger steps run a GEMM that dequantizes each strip of those bits once per step, to the weights rounded to bfloat16 (`q6k_linear` in `superinfer/model/csrc/q4_linear.c`), so no dense copy is kept. A Q6_K token embedding stays in those bits too (shared with a tied lm_head), and a step dequantizes the rows it reads. Elsewhere, and under `gguf-w4a8`, Q6_K layers are dequantized to `--dtype` |
 | GGUF, any type gguf-py dequantizes (F16, Q6_K, Q5_K, ...) | `none` | dequantized to `--dtype` at load |
 | safetensors float checkpoints | `none` | as stored, in `--dtype` |
 | AWQ (4-bit, GEMM packing), GPTQ (4-bit, v1 and v2 formats) | `auto`, `awq`, `gptq` | kept quantized in bfloat16: each group's scale s and integer zero z become the int4 kernels' (scale, zero) pair, w = (q - 8) s + (8 - z) s, per 32 inputs (a group of 64 or 128 repeats its pair); on the CPU they run as GGUF Q4_1 does (PyTorch's int4 kernel, the few-row GEMV, the 4-bit GEMM), on CUDA on PyTorch's tinygemm (`aten._weight_int4pack_mm`) (`superinfer/model/quant_checkpoint.py`). GPTQ act-order runs where every 32 inputs share a group, else dequantized |
@@ -77,15 +77,17 @@ row (lm_head: 0.6x), each row computed on its own (elsewhere PyTorch's int4 kern
 them). Larger steps (prefill, big batches) of a 4-bit layer run superinfer's 4-bit GEMM
 (`superinfer/model/csrc/q4_linear.c`), which dequantizes each weight once per step, to the
 weights rounded to bfloat16, and is faster than oneDNN's bfloat16 GEMM from 5 rows to 256.
-A Q8_0 or Q6_K layer, a fused layer of mixed types, or any layer where that kernel cannot
-run, keeps a dense bfloat16 copy of the same weights for steps of more than 8 rows
-(lm_head: 4 with the GEMV, 2 without).
+Q6_K layers and the parts of a fused layer of mixed types run a GEMM of the same kind on
+their own bits (`q6k_linear`; a Q8_0 part is unpacked for the step). A Q8_0 layer, or any
+layer where those kernels cannot run, keeps a dense bfloat16 copy of the same weights for
+steps of more than 8 rows (lm_head: 4 with the GEMV, 2 without).
 MoE experts never keep a dense copy: a step multiplies each expert that received rows by
 its group of rows (a loop over the active experts, as llama.cpp's `mul_mat_id`), on the
 GEMV or the 4-bit GEMM by the expert's rows. Q6_K experts (Q4_K_M files' ffn_down_exps in
-about half the layers) and Q8_0 ones (not under `gguf-w4a8`) are held only in the GEMV's
-8-bit layout (1.25 bytes a weight, `superinfer/model/gemv_linear.py`): steps of up to 8 rows
-run the GEMV, larger ones unpack the expert's weights to a transient bfloat16 matrix; where
+about half the layers) are held in Q6_K's own bits (0.83 bytes a weight) and run the GEMV
+and the Q6_K GEMM. Q8_0 ones (not under `gguf-w4a8`) are held only in the GEMV's 8-bit
+layout (1.25 bytes a weight, `superinfer/model/gemv_linear.py`): steps of up to 8 rows run
+the GEMV, larger ones unpack the expert's weights to a transient bfloat16 matrix. Where
 the GEMV cannot run, Q6_K experts are dequantized and Q8_0 ones, like 4-bit ones without
 the GEMM, run every step on PyTorch's int4 kernel.
 

@@ -22,7 +22,12 @@ from superinfer.model.cpu_linear import pack_linears
 from superinfer.model.cpu_q4 import q4_kernel
 from superinfer.model.decoder import DecoderForCausalLM
 from superinfer.model.gguf_checkpoint import GGUFCheckpoint
-from superinfer.model.quant import int4_kernel_available, quantize_embedding, quantize_linears
+from superinfer.model.quant import (
+    gguf_kernels,
+    int4_kernel_available,
+    quantize_embedding,
+    quantize_linears,
+)
 from superinfer.model.quant_checkpoint import (
     METHODS,
     QuantizedTensors,
@@ -251,8 +256,9 @@ def load_gguf_model(
         raise ValueError(
             f"--quantization {quantization}: {path} has no Q4_0, Q4_1, Q8_0 or Q4_K linear layer"
         )
+    kernel = gguf_kernels(is_w4a8) if swapped or num_expert_layers else ""
     info = CheckpointInfo(path, "gguf", checkpoint.architecture, checkpoint.quantization,
-                          len(swapped), is_embedding_quantized,
+                          len(swapped), is_embedding_quantized, kernel,
                           num_quantized_expert_layers=num_expert_layers)  # fmt: skip
     return model, info
 

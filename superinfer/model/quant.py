@@ -84,6 +84,16 @@ def int4_kernel_available() -> bool:
     return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
 
 
+def gguf_kernels(is_w4a8: bool) -> str:
+    """What runs a GGUF's quantized layers here, for the startup log."""
+    if is_w4a8:
+        return "8-bit activations (gguf-w4a8: csrc/q4_q8_linear.c)"
+    if gemv_kernel() is not None and q4_kernel() is not None:
+        return ("superinfer's GEMV for steps of up to 8 rows and its GEMM beyond, on the GGUF "
+                "blocks (csrc/q_gemv.c, csrc/q4_linear.c; Q8_0 layers: a dense copy beyond)")  # fmt: skip
+    return "PyTorch's int4 kernel, dense copies for larger steps (no AVX-512 BF16 here)"
+
+
 class Int4Linear(nn.Module):
     """A frozen linear layer over 4-bit planes (see the module docstring); no bias."""
 

@@ -39,6 +39,8 @@ def test_startup_lines_and_ready_line_with_url_and_kv_capacity(logged):
     text = wait_for(logged, r"\[state\] Ready in")
     assert re.search(r"^INFO \d\d-\d\d \d\d:\d\d:\d\d \[load_report\] Model: .*architecture "
                      r"llama.*quantization Q4_1", text, re.MULTILINE)  # fmt: skip
+    # what runs the quantized layers, as the loader found this CPU (model/quant.py)
+    assert re.search(r"run quantized, (superinfer's GEMV|PyTorch's int4 kernel)", text)
     assert "KV cache: device pool 256 blocks = 4096 tokens" in text
     assert re.search(r"Attention backend: (cpu|reference) .*; CUDA graphs: off", text)
     assert "Warm-up done in" in text
