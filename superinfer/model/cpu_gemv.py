@@ -10,17 +10,17 @@ model's lm_head, tied to its Q8_0 embedding) multiply their 8-bit values in floa
 the int4 kernel ran them as two 4-bit planes. Q6_K layers (a scale per 16 inputs, which the
 int4 kernels' groups of 32 cannot hold) read their own layout, 6.625 bits a weight
 (`pack_q6_k`: 4-bit and 2-bit planes, int8 scales, a float d per 256 inputs), their values
-turned into bfloat16 by a table lookup and multiplied as the 4-bit ones are; a MoE's Q6_K
-experts (`gemv_linear`) keep the 8-bit layout (10 bits a weight), which `unpack` writes back
-for larger steps. Over the default model's layers
+turned into bfloat16 by a table lookup and multiplied as the 4-bit ones are, as are a MoE's
+Q6_K experts (`quant.Q6KLinear`). A MoE's Q8_0 experts (`gemv_linear`) are held only in the
+8-bit layout, which `unpack` writes back for larger steps. Over the default model's layers
 (`benchmarks/int4_rows.py`, docs/results/models/gemv_1205/) that is 0.68x the int4
 kernel's time at one row and 0.67x at 8, faster than the 4-bit GEMM up to 8 rows; lm_head
 takes 0.59x at one row, and beats oneDNN's dense bfloat16 GEMM up to 4.
 
 It computes the int4 kernel's function of the same weights (bfloat16 scales and zeros;
 Q8_0 values times their scale), rounded in another order, and each row on its own. The
-4-bit layers read the packed weights of `cpu_q4` (no copy of their own); Q8_0 layers (and
-Q6_K experts) read `cpu_w4a8`'s 8-bit layout, packed here, Q6_K layers their own.
+4-bit layers read the packed weights of `cpu_q4` (no copy of their own); Q8_0 layers read
+`cpu_w4a8`'s 8-bit layout, packed here, Q6_K layers their own.
 """
 
 from __future__ import annotations
@@ -42,21 +42,14 @@ Q6K_SUPER = 256  # inputs of a Q6_K super-block: one d per column
 Q6K_RECORD = 416  # bytes of a Q6_K record: 16 columns, 32 inputs (q_gemv.c)
 
 
-class Int8Weights:
-    """One layer's int8 values and float scales in the 8-bit layout, and its bias."""
+class Q8Weights:
+    """A Q8_0 layer in the 8-bit layout (`GemvKernel.pack_q8`): its int8 values and a float
+    scale per 32 inputs, and its bias."""
 
     def __init__(self, packed: Tensor, scales: Tensor, num_out: int, num_in: int,
                  bias: Tensor | None) -> None:  # fmt: skip
         self.packed, self.scales, self.num_out, self.num_in = packed, scales, num_out, num_in
         self.bias = None if bias is None else bias.detach().float().contiguous()
-
-
-class Q8Weights(Int8Weights):
-    """A Q8_0 layer's: a scale per 32 inputs (`GemvKernel.pack_q8`)."""
-
-
-class Q6Weights(Int8Weights):
-    """A Q6_K layer's: a scale per 16 inputs (`GemvKernel.pack_q6`)."""
 
 
 class Q6KWeights:
@@ -71,13 +64,12 @@ class Q6KWeights:
 
 
 class GemvKernel:
-    """The loaded `q4_gemv`, `q8_gemv`, `q6_gemv`, `q6k_gemv`, `pack_q8_q8`, `pack_q6_k`
-    and `unpack_int8_bf16`."""
+    """The loaded `q4_gemv`, `q8_gemv`, `q6k_gemv`, `pack_q8_q8`, `pack_q6_k` and
+    `unpack_q8_bf16`."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
-        self._q4, self._q8, self._q6 = library.q4_gemv, library.q8_gemv, library.q6_gemv
-        self._q6k = library.q6k_gemv
-        for fn in (self._q4, self._q8, self._q6, self._q6k):
+        self._q4, self._q8, self._q6k = library.q4_gemv, library.q8_gemv, library.q6k_gemv
+        for fn in (self._q4, self._q8, self._q6k):
             fn.restype = _INT
             fn.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _INT]
         self._pack_q6k = library.pack_q6_k
@@ -86,9 +78,9 @@ class GemvKernel:
         self._pack_q8 = library.pack_q8_q8
         self._pack_q8.restype = None
         self._pack_q8.argtypes = [_PTR, _PTR, _I64, _I64, _PTR, _PTR]
-        self._unpack = library.unpack_int8_bf16
+        self._unpack = library.unpack_q8_bf16
         self._unpack.restype = _INT
-        self._unpack.argtypes = [_PTR, _PTR, _I64, _I64, _I64, _I64, _INT, _PTR, _INT]
+        self._unpack.argtypes = [_PTR, _PTR, _I64, _I64, _I64, _I64, _PTR, _INT]
 
     def pack_q8(self, values: Tensor, scales: Tensor, bias: Tensor | None = None) -> Q8Weights:
         """values (N, K) int8 and scales (N, K / 32) of Q8_0 weights, w = d q; K a multiple
@@ -96,22 +88,6 @@ class GemvKernel:
         packed, scales_offsets = pack_q8_blocks(self._pack_q8, values, scales)
         num_out, num_in = values.shape
         return Q8Weights(packed, scales_offsets, num_out, num_in, bias)
-
-    def pack_q6(self, values: Tensor, scales: Tensor, bias: Tensor | None = None) -> Q6Weights:
-        """values (N, K) in -32..31 and float scales (N, K / 16) of Q6_K weights (w = scale
-        value, `quant.q6_k_values`); K a multiple of 32. The Q8_0 layout with, beside each
-        block of 32 inputs, the 16 columns' scales of its first 16 inputs, then of the others."""
-        num_out, num_in = values.shape
-        if num_in % BLOCK or scales.shape != (num_out, num_in // 16):
-            raise ValueError(f"Q6_K weights {tuple(values.shape)} need one scale per 16")
-        # the Q8_0 layout's values; its scales and offsets are then overwritten
-        packed, scales_offsets = pack_q8_blocks(self._pack_q8, values, scales[:, ::2])
-        num_strips, num_blocks = -(-num_out // 16), num_in // BLOCK
-        halves = torch.zeros(num_strips * 16, num_blocks, 2)  # columns past N: scale 0
-        halves[:num_out] = scales.float().reshape(num_out, num_blocks, 2)
-        layout = scales_offsets.view(torch.float32).view(num_strips, num_blocks, 2, 16)
-        layout.copy_(halves.view(num_strips, 16, num_blocks, 2).permute(0, 2, 3, 1))
-        return Q6Weights(packed, scales_offsets, num_out, num_in, bias)
 
     def pack_q6_k(self, values: Tensor, sc: Tensor, d: Tensor,
                   bias: Tensor | None = None) -> Q6KWeights:  # fmt: skip
@@ -133,7 +109,7 @@ class GemvKernel:
                        packed.data_ptr(), d_out.data_ptr())  # fmt: skip
         return Q6KWeights(packed, d_out, num_out, num_in, bias)
 
-    def __call__(self, x: Tensor, weights: Q4Weights | Int8Weights | Q6KWeights) -> Tensor:
+    def __call__(self, x: Tensor, weights: Q4Weights | Q8Weights | Q6KWeights) -> Tensor:
         """x (rows <= MAX_ROWS, K) bfloat16, each row contiguous -> (rows, N) bfloat16."""
         if x.stride(-1) != 1 or x.stride(0) % 2:
             x = x.contiguous()
@@ -152,16 +128,16 @@ class GemvKernel:
         return y
 
     def _function(
-        self, weights: Q4Weights | Int8Weights | Q6KWeights
+        self, weights: Q4Weights | Q8Weights | Q6KWeights
     ) -> tuple[ctypes._CFuncPtr, Tensor]:
         """The C function that multiplies by `weights`, and the scales it reads."""
         if isinstance(weights, Q4Weights):
             return self._q4, weights.scales_zeros
         if isinstance(weights, Q6KWeights):
             return self._q6k, weights.d
-        return (self._q6 if isinstance(weights, Q6Weights) else self._q8), weights.scales
+        return self._q8, weights.scales
 
-    def unpack(self, weights: Int8Weights, rows: slice = slice(None)) -> Tensor:
+    def unpack(self, weights: Q8Weights, rows: slice = slice(None)) -> Tensor:
         """The bfloat16 weights (n, K) of `weights`' output rows `rows` (a step of 1): each
         value times its scale in float, rounded to nearest even (the bias is not added)."""
         start, stop, step = rows.indices(weights.num_out)
@@ -171,8 +147,7 @@ class GemvKernel:
         w = torch.empty((stop - start, weights.num_in), dtype=torch.bfloat16)
         status = self._unpack(
             weights.packed.data_ptr(), weights.scales.data_ptr(), weights.num_out,
-            weights.num_in, start, stop, isinstance(weights, Q6Weights), w.data_ptr(),
-            torch.get_num_threads(),
+            weights.num_in, start, stop, w.data_ptr(), torch.get_num_threads(),
         )  # fmt: skip
         if status != 0:
             raise RuntimeError(f"unpacking the 8-bit weights failed ({status})")
@@ -203,28 +178,23 @@ def _probed(library: ctypes.CDLL) -> GemvKernel:
     scales, zeros = torch.full((40, 2), 0.5), torch.full((40, 2), 0.25)
     x = (torch.arange(3 * 64).remainder(7) - 3).view(3, 64).to(torch.bfloat16)
     values = (torch.arange(64 * 40).remainder(255) - 127).view(40, 64)
-    values6 = (torch.arange(64 * 40).remainder(61) - 32).view(40, 64)
-    scales6 = (torch.arange(40 * 4).remainder(5) + 1).view(40, 4) * 0.25  # each half its own
     values6k = (torch.arange(256 * 40).remainder(63) - 32).view(40, 256)
     sc6k = (torch.arange(40 * 16).remainder(255) - 128).view(40, 16)
     d6k = (torch.arange(40).remainder(3) - 1).view(40, 1) * 0.25
     x6k = (torch.arange(3 * 256).remainder(5) - 2).view(3, 256).to(torch.bfloat16)
     q4 = Q4Kernel(library).pack(nibbles, scales, zeros)
     q8 = kernel.pack_q8(values, torch.full((40, 2), 0.25))
-    q6 = kernel.pack_q6(values6, scales6)
     q6k = kernel.pack_q6_k(values6k, sc6k, d6k)
     try:
-        y4, y8, y6, y6k = kernel(x, q4), kernel(x, q8), kernel(x, q6), kernel(x6k, q6k)
+        y4, y8, y6k = kernel(x, q4), kernel(x, q8), kernel(x6k, q6k)
     except RuntimeError as error:
         raise RuntimeError("no AVX-512 BF16 on this CPU") from error
     expected4 = x.float() @ ((nibbles.float() - 8) * 0.5 + 0.25).t()
     expected8 = x.float() @ (values.float() * 0.25).t()
-    expected6 = x.float() @ (values6.float() * scales6.repeat_interleave(16, 1)).t()
     w6k = values6k.float() * (d6k * sc6k).repeat_interleave(16, 1)
     expected6k = x6k.float() @ w6k.t()
     if not (torch.equal(y4, expected4.to(torch.bfloat16))
             and torch.equal(y8, expected8.to(torch.bfloat16))
-            and torch.equal(y6, expected6.to(torch.bfloat16))
             and torch.equal(y6k, expected6k.to(torch.bfloat16))):  # fmt: skip
         raise RuntimeError("the few-row GEMV computed a wrong product")
     return kernel

@@ -1,5 +1,5 @@
-"""A frozen linear layer held only in the few-row GEMV's 8-bit layout (`cpu_gemv`: Q8_0 or
-Q6_K weights, 1.25 bytes a weight): a MoE expert's projection kept quantized (`quant_moe`)
+"""A frozen linear layer held only in the few-row GEMV's 8-bit layout (`cpu_gemv`: Q8_0
+weights, 1.25 bytes a weight): a MoE's Q8_0 expert projection kept quantized (`quant_moe`)
 with no dense copy.
 
 Steps of up to `max_gemv_rows` rows (decode) run the GEMV. A larger step (prefill, or a
@@ -18,16 +18,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from superinfer.model.cpu_gemv import MAX_ROWS as GEMV_MAX_ROWS
-from superinfer.model.cpu_gemv import GemvKernel, Int8Weights
+from superinfer.model.cpu_gemv import GemvKernel, Q8Weights
 
 
 class GemvLinear(nn.Module):
-    """A frozen linear layer over `weights` (`GemvKernel.pack_q8` or `pack_q6`, bias
-    included): steps of up to `max_gemv_rows` rows on `kernel`'s GEMV, larger ones on the
-    weights unpacked to bfloat16 for the step."""
+    """A frozen linear layer over `weights` (`GemvKernel.pack_q8`, bias included): steps of
+    up to `max_gemv_rows` rows on `kernel`'s GEMV, larger ones on the weights unpacked to
+    bfloat16 for the step."""
 
     def __init__(
-        self, kernel: GemvKernel, weights: Int8Weights, max_gemv_rows: int = GEMV_MAX_ROWS
+        self, kernel: GemvKernel, weights: Q8Weights, max_gemv_rows: int = GEMV_MAX_ROWS
     ) -> None:
         super().__init__()
         if max_gemv_rows > GEMV_MAX_ROWS:

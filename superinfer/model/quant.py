@@ -41,7 +41,8 @@ What runs quantized: the linear layers (q/k/v, o, gate/up, down, lm_head) whose 
 are all of these types (`quantize_linears`; mixed ones for steps of a few rows, above), a
 Q8_0 token embedding (`Q8Embedding`), and a mixture of experts' stacked expert tensors
 (`quant_moe`, one layer per expert and projection, never a dense copy: `int4_linear` on
-these kernels, or, for Q6_K and Q8_0 experts where the GEMV runs, `gemv_linear`).
+these kernels, `Q6KLinear` for Q6_K experts, or, for Q8_0 experts where the GEMV runs,
+`gemv_linear`).
 """
 
 from __future__ import annotations

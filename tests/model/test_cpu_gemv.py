@@ -1,5 +1,5 @@
-"""The few-row GEMV (`csrc/q_gemv.c`; 4-bit, Q8_0 and Q6_K weights, Q6_K in the 8-bit layout
-and in its own) against float64 products of the weights it reads."""
+"""The few-row GEMV (`csrc/q_gemv.c`; 4-bit, Q8_0 and Q6_K weights) against float64
+products of the weights it reads."""
 
 from __future__ import annotations
 
@@ -62,26 +62,6 @@ def test_q8_products_match_float64(num_rows, has_bias) -> None:
     assert_rounded_from(gemv_kernel()(x, weights), exact + (0 if bias is None else bias.double()))
 
 
-def random_q6(num_out: int, num_in: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Q6_K-like values in -32..31 and float scales, one per 16 inputs (some negative)."""
-    g = torch.Generator().manual_seed(seed)
-    values = torch.randint(-32, 32, (num_out, num_in), generator=g)
-    return values, (torch.rand(num_out, num_in // 16, generator=g) - 0.2) * 0.01
-
-
-@pytest.mark.parametrize("num_rows", range(1, MAX_ROWS + 1))
-@pytest.mark.parametrize("has_bias", [False, True])
-def test_q6_products_match_float64(num_rows, has_bias) -> None:
-    """Each half of a block of 32 inputs is multiplied by its own scale."""
-    num_out, num_in = 37, 160  # two strips of 16 columns and a partial one; 5 blocks
-    values, scales = random_q6(num_out, num_in, seed=num_rows)
-    bias = torch.randn(num_out) if has_bias else None
-    weights = gemv_kernel().pack_q6(values, scales, bias)
-    x = rows(num_rows, num_in, seed=num_rows)
-    exact = x.double() @ (values.double() * scales.double().repeat_interleave(16, 1)).t()
-    assert_rounded_from(gemv_kernel()(x, weights), exact + (0 if bias is None else bias.double()))
-
-
 def random_q6_k(num_out: int, num_in: int, seed: int) -> tuple[torch.Tensor, ...]:
     """Q6_K values in -32..31, int8 sc per 16 inputs (all of -128..127) and fp16 d per 256
     (some negative)."""
@@ -112,17 +92,6 @@ def test_q6_k_layout_products_match_float64(num_rows, has_bias) -> None:
         0 if bias is None else bias.double()))  # fmt: skip
 
 
-def test_q6_k_layout_is_the_8_bit_layouts_function() -> None:
-    """The same products as `pack_q6`'s layout of the same weights, up to float order."""
-    values, sc, d = random_q6_k(50, 768, seed=5)
-    old = gemv_kernel().pack_q6(values, q6_k_scales(sc, d))
-    new = gemv_kernel().pack_q6_k(values, sc, d)
-    x = rows(MAX_ROWS, 768, seed=5)
-    y_old, y_new = gemv_kernel()(x, old), gemv_kernel()(x, new)
-    torch.testing.assert_close(y_new.double(), y_old.double(), rtol=2**-7, atol=1e-5)
-    assert (y_new == y_old).double().mean() > 0.95
-
-
 def test_q6_k_layout_refuses_shapes_off_super_blocks() -> None:
     with pytest.raises(ValueError, match="multiple of 256"):
         gemv_kernel().pack_q6_k(torch.zeros(8, 128, dtype=torch.int8),
@@ -136,10 +105,9 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it() -> None:
     g = torch.Generator().manual_seed(7)
     q8 = gemv_kernel().pack_q8(torch.randint(-128, 128, (64, 192), generator=g),
                                torch.rand(64, 6, generator=g))  # fmt: skip
-    q6 = gemv_kernel().pack_q6(*random_q6(64, 192, seed=7))
     q6_k = gemv_kernel().pack_q6_k(*random_q6_k(40, 256, seed=7))
     x = rows(MAX_ROWS, 256, seed=7)
-    for weights in (q4, q8, q6, q6_k):
+    for weights in (q4, q8, q6_k):
         xw = x[:, : weights.num_in]
         together = gemv_kernel()(xw, weights)
         for i in range(MAX_ROWS):
@@ -168,27 +136,19 @@ def test_too_many_rows_and_odd_shapes_are_refused() -> None:
         gemv_kernel()(rows(MAX_ROWS + 1, 64, seed=0), weights)
     with pytest.raises(ValueError, match="one scale per 32"):
         gemv_kernel().pack_q8(torch.zeros(8, 48, dtype=torch.int8), torch.ones(8, 1))
-    with pytest.raises(ValueError, match="one scale per 16"):
-        gemv_kernel().pack_q6(torch.zeros(8, 64, dtype=torch.int8), torch.ones(8, 2))
     assert gemv_kernel()(rows(0, 64, seed=0), weights).shape == (0, 16)
 
 
-@pytest.mark.parametrize("is_q6", [False, True], ids=["q8", "q6"])
 @pytest.mark.parametrize("rows", [slice(None), slice(5, 37), slice(16, 32), slice(3, 3)])
-def test_unpacked_weights_are_the_products_rounded_to_bfloat16(is_q6, rows) -> None:
+def test_unpacked_weights_are_the_products_rounded_to_bfloat16(rows) -> None:
     """Exact: each weight is the float product of its value and scale, rounded once; the
     partial strip's rows too, and none beyond them."""
     num_out, num_in = 37, 160
-    if is_q6:
-        values, scales = random_q6(num_out, num_in, seed=11)
-        weights = gemv_kernel().pack_q6(values, scales)
-        expected = values.float() * scales.repeat_interleave(16, 1)
-    else:
-        g = torch.Generator().manual_seed(11)
-        values = torch.randint(-128, 128, (num_out, num_in), generator=g)
-        scales = torch.rand(num_out, num_in // 32, generator=g) * 0.01
-        weights = gemv_kernel().pack_q8(values, scales)
-        expected = values.float() * scales.repeat_interleave(32, 1)
+    g = torch.Generator().manual_seed(11)
+    values = torch.randint(-128, 128, (num_out, num_in), generator=g)
+    scales = torch.rand(num_out, num_in // 32, generator=g) * 0.01
+    weights = gemv_kernel().pack_q8(values, scales)
+    expected = values.float() * scales.repeat_interleave(32, 1)
     got = gemv_kernel().unpack(weights, rows)
     assert got.dtype == torch.bfloat16
     assert torch.equal(got, expected[rows].to(torch.bfloat16))

@@ -1,28 +1,24 @@
 /* A linear layer over GGUF weights for the few rows of a decode step (CPU), in bfloat16
  * activations and float sums: the layouts of q4_linear.c (4-bit) and q4_q8_linear.c
- * (Q8_0, and Q6_K in it), so no weights are kept twice.
+ * (Q8_0), and Q6_K's own (q6k.h), so no weights are kept twice.
  *
- * Built with the other kernels by superinfer/model/cpu_kernels.py and called through
- * ctypes (superinfer/model/cpu_q4.py, superinfer/model/cpu_w4a8.py). A step of one
- * sequence is bound by reading the weights. PyTorch's int4 kernel reads 4 bits a weight but
- * dequantizes every weight to float with its scale and zero; the 4-bit GEMM of q4_linear.c
- * first writes a whole strip of bfloat16 weights. Here a block's weights are turned into
- * bfloat16 as they are (q - 8, small integers, exact) and multiplied by the rows with
- * `vdpbf16ps`; its scale and zero are applied once per block and row:
+ * Built with the other kernels by superinfer/model/cpu_kernels.py and called through ctypes
+ * (superinfer/model/cpu_gemv.py). A step of one sequence is bound by reading the weights.
+ * PyTorch's int4 kernel reads 4 bits a weight but dequantizes every weight to float with
+ * its scale and zero; the 4-bit GEMM of q4_linear.c first writes a whole strip of bfloat16
+ * weights. Here a block's weights are turned into bfloat16 as they are (q - 8, small
+ * integers, exact) and multiplied by the rows with `vdpbf16ps`; its scale and zero are
+ * applied once per block and row:
  *
  *   sum_k w_k x_k = scale sum_k (q_k - 8) x_k + zero sum_k x_k       (4-bit)
  *   sum_k w_k x_k = d sum_k q_k x_k                                  (Q8_0, in float)
- *   sum_k w_k x_k = d_0 sum_{k<16} q_k x_k + d_1 sum_{k>=16} q_k x_k  (Q6_K, in float)
+ *   sum_k w_k x_k = d_0 sum_{k<16} q_k x_k + d_1 sum_{k>=16} q_k x_k  (Q6_K, d_h = d sc)
  *
- * Q6_K weights (w = d sc (q - 32), a scale per 16 inputs) have two layouts: q6_gemv's, the
- * Q8_0 layout with q - 32 as the int8 values and, beside each block, the 16 columns' float
- * d sc of inputs 0..15 then of inputs 16..31, where Q8_0 has its scales and offsets (10 bits
- * a weight: a MoE's experts, which unpack_int8_bf16 writes back); and q6k_gemv's, Q6_K's
- * own bits (6.625 a weight, see pack_q6_k), read by a Q6_K layer's steps in 0.49-0.64 of
- * q6_gemv's time (2 threads, benchmarks/q6k_gemv.py).
+ * Q6_K weights (w = d sc (q - 32), a scale per 16 inputs) are read in Q6_K's own bits
+ * (6.625 a weight, see pack_q6_k), their values turned into bfloat16 as the 4-bit ones are.
  *
- * `unpack_int8_bf16` writes 8-bit weights back as bfloat16 rows, for a step of more rows
- * than these take (a MoE's experts, kept only in this layout: quant_moe.py).
+ * `unpack_q8_bf16` writes Q8_0 weights back as bfloat16 rows, for a step of more rows than
+ * these take (a MoE's Q8_0 experts, kept only in this layout: quant_moe.py).
  *
  * Every product is exact in float; sums are float. It is the same function of the same
  * weights as PyTorch's int4 kernel (bfloat16 scales and zeros) and as the dequantized
@@ -97,27 +93,15 @@ static inline __attribute__((always_inline)) void q4_strip(
     }
 }
 
-/* acc[r] += d * (the four chains of sums[r]), for num_rows rows; the chains restart at 0. */
-static inline __attribute__((always_inline)) void add_scaled(
-    __m512 sums[ROW_TILE][4], const __m512 d, __m512 acc[ROW_TILE], const int num_rows) {
-    for (int r = 0; r < num_rows; r++) {
-        const __m512 s = _mm512_add_ps(_mm512_add_ps(sums[r][0], sums[r][1]),
-                                       _mm512_add_ps(sums[r][2], sums[r][3]));
-        acc[r] = _mm512_fmadd_ps(s, d, acc[r]);
-        for (int j = 0; j < 4; j++) sums[r][j] = _mm512_setzero_ps();
-    }
-}
-
-/* The same for 8-bit weights (16 columns): x as float rows (num_in apart). is_q6 (a
- * constant where it is inlined) picks the scales: one per block (Q8_0), or one per half of
- * it (Q6_K), each applied to its own half's sums. */
+/* The same for Q8_0 weights (16 columns, a float scale per block): x as float rows
+ * (num_in apart). */
 static inline __attribute__((always_inline)) void q8_strip(
     const float *xf, int64_t num_in, int64_t num_blocks, const int8_t *packed,
-    const char *scales_offsets, __m512 acc[ROW_TILE], const int num_rows, const int is_q6) {
+    const char *scales_offsets, __m512 acc[ROW_TILE], const int num_rows) {
     for (int r = 0; r < num_rows; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < num_blocks; b++) {
         const int8_t *w = packed + b * 512;
-        const float *d = (const float *)(const void *)(scales_offsets + b * 128);
+        const __m512 d = _mm512_loadu_ps((const float *)(const void *)(scales_offsets + b * 128));
         __m512 sums[ROW_TILE][4]; /* one per input of a run: four chains a row */
         for (int r = 0; r < num_rows; r++)
             for (int j = 0; j < 4; j++) sums[r][j] = _mm512_setzero_ps();
@@ -132,10 +116,12 @@ static inline __attribute__((always_inline)) void q8_strip(
                     sums[r][j] = _mm512_fmadd_ps(
                         q, _mm512_set1_ps(xf[r * num_in + b * BLOCK + 4 * t + j]), sums[r][j]);
             }
-            if (is_q6 && t % 4 == 3) /* runs 0..3 hold inputs 0..15, runs 4..7 16..31 */
-                add_scaled(sums, _mm512_loadu_ps(d + 16 * (t / 4)), acc, num_rows);
         }
-        if (!is_q6) add_scaled(sums, _mm512_loadu_ps(d), acc, num_rows);
+        for (int r = 0; r < num_rows; r++) {
+            const __m512 s = _mm512_add_ps(_mm512_add_ps(sums[r][0], sums[r][1]),
+                                           _mm512_add_ps(sums[r][2], sums[r][3]));
+            acc[r] = _mm512_fmadd_ps(s, d, acc[r]);
+        }
     }
 }
 
@@ -151,9 +137,9 @@ static inline void store_row(const __m512 acc, const float *bias, int64_t col, i
         q4_strip(xr, x_stride, x_sums + r * num_blocks, num_blocks, strip, sz, table, acc, \
                  n);                                                                       \
         break;
-#define Q8_TILE(n, is_q6)                                                                  \
-    case (is_q6) * ROW_TILE + n:                                                           \
-        q8_strip(xf + r * num_in, num_in, num_blocks, strip, sz, acc, n, is_q6);           \
+#define Q8_TILE(n)                                                                         \
+    case n:                                                                                \
+        q8_strip(xf + r * num_in, num_in, num_blocks, strip, sz, acc, n);                  \
         break;
 #endif
 
@@ -213,12 +199,12 @@ int q4_gemv(const void *x, int64_t x_stride, int64_t num_rows, int64_t num_in,
 #endif
 }
 
+/* The same for Q8_0 weights packed by q4_q8_linear.c's pack_q8_q8 (16-column strips, float
+ * scales; its int32 offsets are not read). */
+int q8_gemv(const void *x, int64_t x_stride, int64_t num_rows, int64_t num_in,
+            const int8_t *packed, const void *scales_offsets, const float *bias, void *y,
+            int64_t num_out, int num_threads) {
 #ifdef HAVE_GEMV
-/* q8_gemv and q6_gemv: each strip and tile of rows runs q8_strip specialised for its
- * scales (the switch below), not a test per block. */
-static int gemv_8bit(const void *x, int64_t x_stride, int64_t num_rows, int64_t num_in,
-                     const int8_t *packed, const void *scales_offsets, const float *bias,
-                     void *y, int64_t num_out, int num_threads, const int is_q6) {
     if (num_in % BLOCK || num_rows > MAX_ROWS || num_rows < 1) return -1;
     const int64_t num_blocks = num_in / BLOCK, num_strips = (num_out + Q8_STRIP - 1) / Q8_STRIP;
     float *xf = malloc(sizeof(float) * (size_t)(num_rows * num_in));
@@ -228,34 +214,20 @@ static int gemv_8bit(const void *x, int64_t x_stride, int64_t num_rows, int64_t 
             _mm512_storeu_ps(xf + r * num_in + k, load_bf16((const uint16_t *)x + r * x_stride + k));
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (num_strips > 1)
     for (int64_t s = 0; s < num_strips; s++) {
-        const int8_t *strip = (const int8_t *)packed + s * num_blocks * 512;
+        const int8_t *strip = packed + s * num_blocks * 512;
         const char *sz = (const char *)scales_offsets + s * num_blocks * 128;
         const int64_t col = s * Q8_STRIP;
         const int num_cols = num_out - col < Q8_STRIP ? (int)(num_out - col) : Q8_STRIP;
         for (int64_t r = 0; r < num_rows; r += ROW_TILE) {
             const int n = num_rows - r < ROW_TILE ? (int)(num_rows - r) : ROW_TILE;
             __m512 acc[ROW_TILE] = {_mm512_setzero_ps()}; /* every row set below */
-            switch (is_q6 * ROW_TILE + n) {
-                Q8_TILE(1, 0) Q8_TILE(2, 0) Q8_TILE(3, 0) Q8_TILE(4, 0)
-                Q8_TILE(1, 1) Q8_TILE(2, 1) Q8_TILE(3, 1) Q8_TILE(4, 1)
-            }
+            switch (n) { Q8_TILE(1) Q8_TILE(2) Q8_TILE(3) Q8_TILE(4) }
             for (int i = 0; i < n; i++)
                 store_row(acc[i], bias, col, num_cols, (uint16_t *)y + (r + i) * num_out);
         }
     }
     free(xf);
     return 0;
-}
-#endif
-
-/* The same for Q8_0 weights packed by q4_q8_linear.c's pack_q8_q8 (16-column strips, float
- * scales; its int32 offsets are not read). */
-int q8_gemv(const void *x, int64_t x_stride, int64_t num_rows, int64_t num_in,
-            const int8_t *packed, const void *scales_offsets, const float *bias, void *y,
-            int64_t num_out, int num_threads) {
-#ifdef HAVE_GEMV
-    return gemv_8bit(x, x_stride, num_rows, num_in, packed, scales_offsets, bias, y, num_out,
-                     num_threads, 0);
 #else
     (void)x, (void)x_stride, (void)num_rows, (void)num_in, (void)packed, (void)scales_offsets;
     (void)bias, (void)y, (void)num_out, (void)num_threads;
@@ -263,29 +235,12 @@ int q8_gemv(const void *x, int64_t x_stride, int64_t num_rows, int64_t num_in,
 #endif
 }
 
-/* The same for Q6_K weights in that layout (the header): int8 values q - 32, and per block
- * the 16 columns' float scales of inputs 0..15 then of inputs 16..31. */
-int q6_gemv(const void *x, int64_t x_stride, int64_t num_rows, int64_t num_in,
-            const int8_t *packed, const void *scales, const float *bias, void *y,
-            int64_t num_out, int num_threads) {
-#ifdef HAVE_GEMV
-    return gemv_8bit(x, x_stride, num_rows, num_in, packed, scales, bias, y, num_out,
-                     num_threads, 1);
-#else
-    (void)x, (void)x_stride, (void)num_rows, (void)num_in, (void)packed, (void)scales;
-    (void)bias, (void)y, (void)num_out, (void)num_threads;
-    return -1;
-#endif
-}
-
 /* w (row_end - row_start, num_in) bfloat16, row-major = rows row_start .. row_end - 1 of the
- * weights in the 8-bit layout (q8_gemv's, or q6_gemv's where is_q6), w = q d rounded to
- * nearest even: what a larger step multiplies by, unpacked for that step only. Returns 0;
- * -1 where this kernel does not run (no AVX-512 BF16, num_in not a multiple of 32, rows out
- * of range). */
-int unpack_int8_bf16(const int8_t *packed, const void *scales, int64_t num_out,
-                     int64_t num_in, int64_t row_start, int64_t row_end, int is_q6, void *w,
-                     int num_threads) {
+ * Q8_0 weights q8_gemv reads, w = q d rounded to nearest even: what a larger step multiplies
+ * by, unpacked for that step only. Returns 0; -1 where this kernel does not run (no AVX-512
+ * BF16, num_in not a multiple of 32, rows out of range). */
+int unpack_q8_bf16(const int8_t *packed, const void *scales_offsets, int64_t num_out,
+                   int64_t num_in, int64_t row_start, int64_t row_end, void *w, int num_threads) {
 #ifdef HAVE_GEMV
     if (num_in % BLOCK || row_start < 0 || row_end > num_out || row_start > row_end) return -1;
     const int64_t num_blocks = num_in / BLOCK, first = row_start / Q8_STRIP;
@@ -296,7 +251,7 @@ int unpack_int8_bf16(const int8_t *packed, const void *scales, int64_t num_out,
     for (int64_t s = first; s < last; s++)
         for (int64_t b = 0; b < num_blocks; b++) {
             const int8_t *block = packed + (s * num_blocks + b) * 512;
-            const float *d = (const float *)(const void *)((const char *)scales
+            const float *d = (const float *)(const void *)((const char *)scales_offsets
                                                              + (s * num_blocks + b) * 128);
             for (int c = 0; c < Q8_STRIP; c++) {
                 const int64_t n = s * Q8_STRIP + c;
@@ -304,10 +259,10 @@ int unpack_int8_bf16(const int8_t *packed, const void *scales, int64_t num_out,
                 const __m256i q = _mm256_i32gather_epi32((const int *)(const void *)block + c,
                                                          runs, 4);
                 uint16_t *out = (uint16_t *)w + (n - row_start) * num_in + b * BLOCK;
+                const __m512 scale = _mm512_set1_ps(d[c]);
                 for (int h = 0; h < 2; h++) {
                     const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
                         h ? _mm256_extracti128_si256(q, 1) : _mm256_castsi256_si128(q)));
-                    const __m512 scale = _mm512_set1_ps(d[is_q6 ? 16 * h + c : c]);
                     _mm256_storeu_si256((__m256i *)(out + 16 * h),
                                         (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(v, scale)));
                 }
@@ -315,8 +270,8 @@ int unpack_int8_bf16(const int8_t *packed, const void *scales, int64_t num_out,
         }
     return 0;
 #else
-    (void)packed, (void)scales, (void)num_out, (void)num_in, (void)row_start, (void)row_end;
-    (void)is_q6, (void)w, (void)num_threads;
+    (void)packed, (void)scales_offsets, (void)num_out, (void)num_in, (void)row_start;
+    (void)row_end, (void)w, (void)num_threads;
     return -1;
 #endif
 }
@@ -325,8 +280,8 @@ int unpack_int8_bf16(const int8_t *packed, const void *scales, int64_t num_out,
  * in lane c) gives each weight's u in the low 6 bits of a word once its high bits are moved
  * beside its nibble (bits above 5 are not read), and `vpermi2w` turns u into the bfloat16
  * of u - 32 (exact): the pairs then go to `vdpbf16ps` with the rows' bfloat16 pairs, as
- * q4_strip does. Each half-block's sums are scaled by d sc, the float product q6_gemv's
- * layout holds (exact: an 11-bit d times an int8). */
+ * q4_strip does. Each half-block's sums are scaled by d sc, computed here in float (exact:
+ * an 11-bit d times an int8). */
 
 #ifdef HAVE_GEMV
 /* `q4_strip` for Q6_K records: y (16 columns) for num_rows <= ROW_TILE rows of bfloat16 x. */
