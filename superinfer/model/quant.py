@@ -344,32 +344,19 @@ def rows_planes(raw: np.ndarray, kind: GGMLQuantizationType) -> Planes:
     return tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in (nibbles, scales, zeros))
 
 
-def q6_k_values(tensor: ReaderTensor) -> tuple[Tensor, Tensor]:
-    """(values (N, K) int8 in -32..31, scales (N, K / 16) float32) of a Q6_K tensor, whose
-    product in float32 is gguf's dequantization. Its rows are 210-byte super-blocks of 256
-    weights: 128 bytes of low nibbles (ql), 64 of high bit pairs (qh), 16 int8 scales sc and
-    an fp16 d (scale d sc). In each half h of 128 weights, weight 32 i + j (i in 0..3) has its
-    low 4 bits in nibble i // 2 of ql[64 h + 32 (i % 2) + j], its high 2 in bits 2 i of
-    qh[32 h + j]."""
-    return q6_k_rows(np.asarray(tensor.data).reshape(int(tensor.shape[-1]), -1))
-
-
 def q6_k_parts(tensor: ReaderTensor) -> tuple[Tensor, Tensor, Tensor]:
     """(values (N, K) int8 in -32..31, sc (N, K / 16) int8, d (N, K / 256) float32) of a
-    Q6_K tensor: `q6_k_values` with its scales d sc as their two factors."""
+    Q6_K tensor: gguf dequantizes weight k of a row to (d sc) value in float32. Its rows are
+    210-byte super-blocks of 256 weights: 128 bytes of low nibbles (ql), 64 of high bit pairs
+    (qh), 16 int8 scales sc and an fp16 d. In each half h of 128 weights, weight 32 i + j
+    (i in 0..3) has its low 4 bits in nibble i // 2 of ql[64 h + 32 (i % 2) + j], its high 2
+    in bits 2 i of qh[32 h + j]."""
     return q6_k_row_parts(np.asarray(tensor.data).reshape(int(tensor.shape[-1]), -1))
 
 
-def q6_k_rows(raw: np.ndarray) -> tuple[Tensor, Tensor]:
-    """`q6_k_values` of rows (N, row bytes) of Q6_K super-blocks: a matrix, or one
-    expert's of a stacked (experts, rows, columns) tensor."""
-    values, sc, d = q6_k_row_parts(raw)
-    scales = d.repeat_interleave(16, 1) * sc.float()  # as gguf computes it (exact)
-    return values, scales
-
-
 def q6_k_row_parts(raw: np.ndarray) -> tuple[Tensor, Tensor, Tensor]:
-    """`q6_k_parts` of rows (N, row bytes) of Q6_K super-blocks."""
+    """`q6_k_parts` of rows (N, row bytes) of Q6_K super-blocks: a matrix, or one expert's
+    of a stacked (experts, rows, columns) tensor."""
     num_rows = raw.shape[0]
     blocks = raw.reshape(-1, 210)
     ql = blocks[:, :128].reshape(-1, 2, 1, 64)

@@ -73,7 +73,7 @@ def random_q6_k(num_out: int, num_in: int, seed: int) -> tuple[torch.Tensor, ...
 
 
 def q6_k_scales(sc: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-    """The float scale d sc of each 16 inputs (exact), as `quant.q6_k_values` gives it."""
+    """The float scale d sc of each 16 inputs (exact), as gguf computes it."""
     return d.repeat_interleave(16, 1) * sc.float()
 
 

@@ -29,7 +29,7 @@ from superinfer.model.quant import (
     Q8Embedding,
     int4_kernel_available,
     int4_planes,
-    q6_k_values,
+    q6_k_parts,
 )
 from superinfer.model.quant_parts import MixedLinear
 from tests.model.gguf_tiny import (
@@ -287,13 +287,15 @@ def test_q6_k_packer_round_trips_through_gguf_s_dequantizer(tmp_path) -> None:
     assert (read[3, :16] == 0).all() and (read[4, :256] == 0).all()
 
 
-def test_q6_k_values_reproduce_gguf_s_dequantization(tmp_path) -> None:
-    """scale * value in float32 is gguf-py's own dequantization, bit for bit."""
+def test_q6_k_parts_reproduce_gguf_s_dequantization(tmp_path) -> None:
+    """(d sc) value in float32 is gguf-py's own dequantization, bit for bit."""
     weight = np.random.default_rng(1).standard_normal((40, 768)).astype(np.float32)
     (tensor,) = _one_tensor_file(tmp_path / "w.gguf", quantize_q6_k(weight), Q6_K).tensors
-    values, scales = q6_k_values(tensor)
-    assert values.dtype == torch.int8 and values.shape == (40, 768) and scales.shape == (40, 48)
+    values, sc, d = q6_k_parts(tensor)
+    assert values.dtype == sc.dtype == torch.int8 and values.shape == (40, 768)
+    assert sc.shape == (40, 48) and d.shape == (40, 3)
     assert values.min() >= -32 and values.max() <= 31
+    scales = d.repeat_interleave(16, 1) * sc.float()  # exact: an fp16 d times an int8
     rebuilt = scales.repeat_interleave(16, 1) * values.float()
     assert torch.equal(rebuilt, torch.from_numpy(dequantize(tensor.data, Q6_K)).view(40, 768))
 
