@@ -141,6 +141,19 @@ static void tile_rows(const uint32_t *x, int64_t x_stride, const uint32_t *w, in
         ROWS_CASE(7) ROWS_CASE(8) ROWS_CASE(9) ROWS_CASE(10) ROWS_CASE(11) ROWS_CASE(12)
     }
 }
+
+/* Strip s's 32 columns of y for every row of x, its weights dequantized in w. */
+static void strip_times_rows(const void *x, int64_t x_stride, int64_t num_rows, const uint32_t *w,
+                             int64_t num_pairs, const float *bias, void *y, int64_t num_out,
+                             int64_t s) {
+    const int64_t col = s * STRIP;
+    const int num_cols = num_out - col < STRIP ? (int)(num_out - col) : STRIP;
+    for (int64_t r = 0; r < num_rows; r += ROW_TILE) {
+        const int n = num_rows - r < ROW_TILE ? (int)(num_rows - r) : ROW_TILE;
+        tile_rows((const uint32_t *)((const uint16_t *)x + r * x_stride), x_stride / 2, w,
+                  num_pairs, bias, (uint16_t *)y + r * num_out, num_out, col, num_cols, n);
+    }
+}
 #endif
 
 /* y (num_rows, num_out) bfloat16 = x (num_rows, num_in) bfloat16 @ w.T (+ bias, float),
@@ -167,14 +180,7 @@ int q4_linear(const void *x, int64_t x_stride, int64_t num_rows, int64_t num_in,
             if (!w) continue;
             dequantize_strip(packed + s * num_blocks * 512, scales_zeros + s * num_blocks * 64,
                              num_blocks, w);
-            const int64_t col = s * STRIP;
-            const int num_cols = num_out - col < STRIP ? (int)(num_out - col) : STRIP;
-            for (int64_t r = 0; r < num_rows; r += ROW_TILE) {
-                const int n = num_rows - r < ROW_TILE ? (int)(num_rows - r) : ROW_TILE;
-                tile_rows((const uint32_t *)((const uint16_t *)x + r * x_stride), x_stride / 2,
-                          w, num_pairs, bias, (uint16_t *)y + r * num_out, num_out, col,
-                          num_cols, n);
-            }
+            strip_times_rows(x, x_stride, num_rows, w, num_pairs, bias, y, num_out, s);
         }
         free(w);
     }
@@ -212,7 +218,6 @@ static void dequantize_q6k_strip(const uint8_t *record, const float *d, int64_t 
     uint16_t order[32]; /* as dequantize_strip's: lane j gets word j, then word 16 + j */
     for (int i = 0; i < 16; i++) order[2 * i] = (uint16_t)i, order[2 * i + 1] = (uint16_t)(16 + i);
     const __m512i interleave = _mm512_loadu_si512(order);
-    const __m512i low4 = _mm512_set1_epi16(0x000F);
     __m512 dv = _mm512_setzero_ps();
     for (int64_t b = 0; b < num_blocks; b++, record += Q6K_RECORD) {
         if (b % Q6K_SUPER == 0) dv = _mm512_loadu_ps(d + (b / Q6K_SUPER) * Q6K_STRIP);
@@ -224,14 +229,9 @@ static void dequantize_q6k_strip(const uint8_t *record, const float *d, int64_t 
             const __m512i high = _mm512_cvtepu8_epi16(
                 _mm256_loadu_si256((const __m256i *)(record + 256 + 32 * m)));
             for (int s = 0; s < 2; s++) {
-                const int k = m + 4 * s; /* pairs k and k + 8 (q_gemv.c's q6k_strip) */
-                const __m512i nib = _mm512_cvtepu8_epi16(
-                    _mm256_loadu_si256((const __m256i *)(record + 32 * k)));
-                const __m512i h0 = s ? _mm512_slli_epi16(high, 2) : _mm512_slli_epi16(high, 4);
-                const __m512i h1 = s ? _mm512_srli_epi16(high, 2) : high;
-                const __m512i u0 = _mm512_ternarylogic_epi32(nib, h0, low4, 0xE4);
-                const __m512i u1 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(nib, 4), h1,
-                                                             low4, 0xE4);
+                const int k = m + 4 * s; /* pairs k and k + 8 */
+                __m512i u0, u1;
+                q6k_pairs(record, high, m, s, &u0, &u1);
                 store_q6k_pairs(u0, scale[0], interleave, w + ((b * 16 + k) * 2 + h) * 16);
                 store_q6k_pairs(u1, scale[1], interleave, w + ((b * 16 + k + 8) * 2 + h) * 16);
             }
@@ -272,14 +272,7 @@ int q6k_linear(const void *x, int64_t x_stride, int64_t num_rows, int64_t num_in
                     for (int64_t p = 0; p < num_pairs; p++)
                         _mm512_storeu_si512(w + (p * 2 + h) * 16, _mm512_setzero_si512());
             }
-            const int64_t col = s * STRIP;
-            const int num_cols = num_out - col < STRIP ? (int)(num_out - col) : STRIP;
-            for (int64_t r = 0; r < num_rows; r += ROW_TILE) {
-                const int n = num_rows - r < ROW_TILE ? (int)(num_rows - r) : ROW_TILE;
-                tile_rows((const uint32_t *)((const uint16_t *)x + r * x_stride), x_stride / 2,
-                          w, num_pairs, bias, (uint16_t *)y + r * num_out, num_out, col,
-                          num_cols, n);
-            }
+            strip_times_rows(x, x_stride, num_rows, w, num_pairs, bias, y, num_out, s);
         }
         free(w);
     }

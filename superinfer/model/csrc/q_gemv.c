@@ -289,7 +289,6 @@ static inline __attribute__((always_inline)) void q6k_strip(
     const uint16_t *x, int64_t x_stride, int64_t num_blocks, const uint8_t *record,
     const float *d, const __m512i table_lo, const __m512i table_hi, __m512 acc[ROW_TILE],
     const int num_rows) {
-    const __m512i low4 = _mm512_set1_epi16(0x000F);
     for (int r = 0; r < num_rows; r++) acc[r] = _mm512_setzero_ps();
     __m512 dv = _mm512_setzero_ps();
     for (int64_t b = 0; b < num_blocks; b++, record += Q6K_RECORD) {
@@ -305,15 +304,8 @@ static inline __attribute__((always_inline)) void q6k_strip(
 #pragma GCC unroll 2
             for (int s = 0; s < 2; s++) {
                 const int k = m + 4 * s; /* pairs k (half 0, slot s) and k + 8 (slot s + 2) */
-                const __m512i nib = _mm512_cvtepu8_epi16(
-                    _mm256_loadu_si256((const __m256i *)(record + 32 * k)));
-                /* bits 4, 5 of each word: u >> 4 of slot s, then of slot s + 2 */
-                const __m512i h0 = s ? _mm512_slli_epi16(high, 2) : _mm512_slli_epi16(high, 4);
-                const __m512i h1 = s ? _mm512_srli_epi16(high, 2) : high;
-                /* (c ? a : b) bitwise: the nibble in bits 0..3, the high bits above */
-                const __m512i i0 = _mm512_ternarylogic_epi32(nib, h0, low4, 0xE4);
-                const __m512i i1 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(nib, 4), h1,
-                                                             low4, 0xE4);
+                __m512i i0, i1;
+                q6k_pairs(record, high, m, s, &i0, &i1);
                 const __m512bh w0 = (__m512bh)_mm512_permutex2var_epi16(table_lo, i0, table_hi);
                 const __m512bh w1 = (__m512bh)_mm512_permutex2var_epi16(table_lo, i1, table_hi);
                 for (int r = 0; r < num_rows; r++) {
