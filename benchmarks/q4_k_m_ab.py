@@ -11,7 +11,7 @@ as llama.cpp lays out Q4_K_M) once, then for --rounds rounds runs each checkout 
 process (PYTHONPATH=<tree>; the order alternates round by round), which loads the file in
 bfloat16 as the server does (`load_model`: the CPU's packed dense layers, the flat decode
 loop) and reports:
-- resident memory after the load, and its peak (`ru_maxrss`), in MB;
+- resident memory after the load, and its peak (VmHWM), in MB;
 - TTFT of one --prompt-len prompt (the prefill forward and its logits) and TPOT over
   --decode-steps greedy steps (`quantized_decode.run_once`), and the greedy tokens;
 - the median decode step of 32 sequences after a --batch-prompt-len prefill each.
@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from q6k_decode import SHAPES, build_gguf
 
 MEASURE = """
-import json, os, resource, statistics, sys, time
+import json, os, statistics, sys, time
 import torch
 sys.path.insert(0, {benchmarks!r})
 from quantized_decode import batch_step_ms, run_once
@@ -46,7 +46,10 @@ path, prompt_len, steps, batch_prompt_len = sys.argv[1], *map(int, sys.argv[2:])
 loaded = load_model(path, torch.bfloat16, "cpu", quantization="auto")
 model = loaded.model
 rss_mb = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# VmHWM, this process's own peak: ru_maxrss keeps the parent's (the file's build) across
+# fork and exec
+status = open("/proc/self/status").read().splitlines()
+peak_mb = next(int(line.split()[1]) for line in status if line.startswith("VmHWM")) / 1024
 prompt = [(i * 7919) % 40000 + 100 for i in range(prompt_len)]
 run_once(model, prompt, 4)  # warm-up
 ttft, tpot, tokens = run_once(model, prompt, steps)

@@ -9,7 +9,7 @@ backend, `attention_backend.py`); there is no batch padding.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -214,8 +214,9 @@ class DecoderForCausalLM(nn.Module):
         return self.model.norm.weight.dtype
 
     def tie_weights(self) -> None:
-        """Share the embedding with lm_head if the config says so (again after to_empty)."""
-        if self.config.tie_word_embeddings:
+        """Share the embedding with lm_head if the config says so (again after to_empty),
+        unless lm_head was swapped for a quantized layer before loading."""
+        if self.config.tie_word_embeddings and isinstance(self.lm_head, nn.Linear):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def use_flat_decode(self) -> str:
@@ -241,7 +242,10 @@ class DecoderForCausalLM(nn.Module):
         return logits if cap is None else torch.tanh(logits / cap).mul_(cap)
 
     def load_weights(
-        self, weights: Iterable[tuple[str, Tensor]], interleaved_qk: bool = False
+        self,
+        weights: Iterable[tuple[str, Tensor]],
+        interleaved_qk: bool = False,
+        held: Collection[str] = (),
     ) -> None:
         """Copy in weights named as in a Hugging Face checkpoint; see `load_hf_weights`."""
-        load_hf_weights(self, weights, interleaved_qk)
+        load_hf_weights(self, weights, interleaved_qk, held)

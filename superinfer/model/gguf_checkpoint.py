@@ -128,6 +128,11 @@ def hf_name(gguf_name: str, extra_names: Mapping[str, str] | None = None) -> str
     return f"model.layers.{layer}.{names[part]}.{kind}"
 
 
+def float_tensor(tensor: ReaderTensor) -> Tensor:
+    """A GGUF tensor dequantized to float32, dims outermost first, as `weights` yields it."""
+    return torch.from_numpy(_dequantize(tensor))
+
+
 def _dequantize(tensor: ReaderTensor) -> np.ndarray:
     shape = tuple(int(d) for d in reversed(tensor.shape))  # outermost first, as torch
     array = dequantize(tensor.data, tensor.tensor_type).reshape(shape)

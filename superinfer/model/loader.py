@@ -17,16 +17,16 @@ from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
 from superinfer.model.config import ModelConfig
-from superinfer.model.cpu_gemv import gemv_kernel
 from superinfer.model.cpu_linear import pack_linears
-from superinfer.model.cpu_q4 import q4_kernel
 from superinfer.model.decoder import DecoderForCausalLM
 from superinfer.model.gguf_checkpoint import GGUFCheckpoint
 from superinfer.model.quant import (
     gguf_kernels,
+    has_gguf_kernels,
     int4_kernel_available,
     quantize_embedding,
     quantize_linears,
+    quantized_linear_tensors,
 )
 from superinfer.model.quant_checkpoint import (
     METHODS,
@@ -179,15 +179,17 @@ def build_model(
     (see `superinfer.model.weights.load_hf_weights` for `interleaved_qk`).
 
     `prepare` runs on the model before its parameters are allocated (on the meta device):
-    it may swap in modules that hold their own weights (`quant_moe.QuantExperts`); the
-    parameters they replace are then neither allocated nor expected among `weights`."""
+    it may swap in modules that hold their own weights (`quant_moe.QuantExperts`,
+    `quant.quantize_linears`); the parameters they replace, and those they hold, are then
+    neither allocated nor expected among `weights`."""
     with torch.device("meta"), _without_init():
         model = DecoderForCausalLM(config).to(dtype)
     if prepare is not None:
         prepare(model)
+    held = {name for name, p in model.named_parameters() if not p.is_meta}
     _materialize(model, device)
     model.tie_weights()  # materializing unties shared parameters
-    model.load_weights(weights, interleaved_qk)
+    model.load_weights(weights, interleaved_qk, held)
     return model.eval()
 
 
@@ -234,24 +236,28 @@ def load_gguf_model(
     # row (benchmarks/int4_rows.py), and a row's result does not depend on the others
     hybrid = {"gguf": None, "gguf-w4a8": 0}.get(quantization, AUTO_MAX_INT4_ROWS)
     is_w4a8 = quantization == "gguf-w4a8"
-    # experts kept quantized are swapped in before the float parameters are allocated, and
-    # their tensors never dequantized (quant_moe): a large MoE would not fit in float
-    experts = set()
-    if quantizes:
-        has_q6k = gemv_kernel() is not None and q4_kernel() is not None
-        experts = quantized_expert_tensors(checkpoint.tensors, config, has_q6k)
-    weights = checkpoint.weights(skip=experts)
+    # the layers kept quantized are swapped in before the float parameters are allocated,
+    # and their tensors never dequantized (quant_moe, quant.quantize_linears): the float
+    # model would take several times the memory of the quantized one
+    experts, linears = _kept_quantized(checkpoint, config, is_w4a8) if quantizes else (set(), set())
+    weights = checkpoint.weights(skip={*experts, *linears})
     if checkpoint.arch.hf_weights is not None:  # e.g. Phi-3's fused projections, split
         weights = checkpoint.arch.hf_weights(weights, config)
-    prepare = functools.partial(quantize_experts, tensors=checkpoint.tensors, names=experts,
-                                max_int4_rows=hybrid, is_w4a8=is_w4a8)  # fmt: skip
+    swapped: list[str] = []
+
+    def prepare(model: DecoderForCausalLM) -> None:
+        quantize_experts(model, checkpoint.tensors, experts, hybrid, is_w4a8)
+        if quantizes:
+            swapped.extend(quantize_linears(model, checkpoint.tensors,
+                                            checkpoint.interleaved_qk, hybrid, is_w4a8))  # fmt: skip
+        if "token_embd.weight" in linears:
+            quantize_embedding(model, checkpoint.tensors)
+
     model = build_model(config, weights, dtype, device, checkpoint.interleaved_qk, prepare)
     num_expert_layers = sum(isinstance(m, QuantExperts) for m in model.modules())
-    swapped, is_embedding_quantized = [], False
-    if quantizes:
-        swapped = quantize_linears(model, checkpoint.tensors, checkpoint.interleaved_qk, hybrid,
-                                   is_w4a8)  # fmt: skip
-        is_embedding_quantized = quantize_embedding(model, checkpoint.tensors)
+    if quantizes and "token_embd.weight" not in linears:  # where a dense lm_head shares it
+        quantize_embedding(model, checkpoint.tensors)
+    is_embedding_quantized = not isinstance(model.model.embed_tokens, nn.Embedding)
     if quantization.startswith("gguf") and not swapped and not num_expert_layers:
         raise ValueError(
             f"--quantization {quantization}: {path} has no Q4_0, Q4_1, Q8_0 or Q4_K linear layer"
@@ -261,6 +267,15 @@ def load_gguf_model(
                           len(swapped), is_embedding_quantized, kernel,
                           num_quantized_expert_layers=num_expert_layers)  # fmt: skip
     return model, info
+
+
+def _kept_quantized(
+    checkpoint: GGUFCheckpoint, config: ModelConfig, is_w4a8: bool
+) -> tuple[set[str], set[str]]:
+    """The GGUF tensors held quantized: the experts' (`quant_moe.quantize_experts`), and
+    the linear layers' and embedding's (`quant.quantize_linears`, `quantize_embedding`)."""
+    experts = quantized_expert_tensors(checkpoint.tensors, config, has_gguf_kernels())
+    return experts, quantized_linear_tensors(checkpoint.tensors, config, is_w4a8)
 
 
 def _quantizes(quantization: str, dtype: torch.dtype, device: torch.device) -> bool:

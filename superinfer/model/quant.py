@@ -38,11 +38,13 @@ gguf-w4a8` every step of the 4-bit and Q8_0 layers runs the GEMM of `cpu_w4a8` i
 (llama.cpp's arithmetic: activations rounded to 8 bits per block of 32).
 
 What runs quantized: the linear layers (q/k/v, o, gate/up, down, lm_head) whose tensors
-are all of these types (`quantize_linears`; mixed ones for steps of a few rows, above), a
-Q8_0 token embedding (`Q8Embedding`), and a mixture of experts' stacked expert tensors
-(`quant_moe`, one layer per expert and projection, never a dense copy: `int4_linear` on
+are all of these types (`quantize_linears`; mixed ones part by part, above), the token
+embedding (`Q8Embedding`, `Q6KEmbedding`, or, for the other quantized types,
+`gguf_embedding.GGUFEmbedding`), and a mixture of experts' stacked expert tensors (`quant_moe`, one layer per expert and projection, never a dense copy: `int4_linear` on
 these kernels, `Q6KLinear` for Q6_K experts, or, for Q8_0 experts where the GEMV runs,
-`gemv_linear`).
+`gemv_linear`). The loader swaps them in before the model's parameters are allocated: the
+GGUF tensors they take (`quantized_linear_tensors`) are never dequantized, nor their dense
+layers allocated.
 """
 
 from __future__ import annotations
@@ -61,6 +63,9 @@ from superinfer.model.cpu_gemv import MAX_ROWS as GEMV_MAX_ROWS
 from superinfer.model.cpu_gemv import GemvKernel, Q6KWeights, Q8Weights, gemv_kernel
 from superinfer.model.cpu_q4 import Q4Kernel, Q4Weights, q4_kernel
 from superinfer.model.cpu_w4a8 import W4A8Kernel, W4A8Weights, w4a8_kernel
+from superinfer.model.gguf_checkpoint import float_tensor
+from superinfer.model.gguf_embedding import FLOAT_TYPES, GGUFEmbedding
+from superinfer.model.weights import interleave_rope_rows
 
 GROUP = 32
 # measured on the default model (benchmarks/int4_rows.py): the int4 lm_head is faster at
@@ -89,7 +94,7 @@ def gguf_kernels(is_w4a8: bool) -> str:
     """What runs a GGUF's quantized layers here, for the startup log."""
     if is_w4a8:
         return "8-bit activations (gguf-w4a8: csrc/q4_q8_linear.c)"
-    if gemv_kernel() is not None and q4_kernel() is not None:
+    if has_gguf_kernels():
         return ("superinfer's GEMV for steps of up to 8 rows and its GEMM beyond, on the GGUF "
                 "blocks (csrc/q_gemv.c, csrc/q4_linear.c; Q8_0 layers: a dense copy beyond)")  # fmt: skip
     return "PyTorch's int4 kernel, dense copies for larger steps (no AVX-512 BF16 here)"
@@ -276,26 +281,40 @@ class Q8Embedding(nn.Module):
 
 
 def quantize_embedding(model: nn.Module, tensors: dict[str, ReaderTensor]) -> bool:
-    """Swap the model's token embedding for a Q8Embedding when the GGUF table is Q8_0, or a
+    """Swap the model's token embedding for a Q8Embedding when the GGUF table is Q8_0, a
     Q6KEmbedding when it is Q6_K and the Q6_K kernels run here (sharing a tied lm_head's
-    Q6KLinear weights). Call it after `quantize_linears`: a tied lm_head that stayed dense
-    keeps its own reference to the dense weight."""
+    Q6KLinear weights), else a GGUFEmbedding when it is of another quantized type (Q4_K_M
+    files' untied Q4_K tables); returns whether it did. Call it after `quantize_linears`, before
+    the parameters are allocated where `quantized_linear_tensors` names token_embd.weight,
+    else after loading: a tied lm_head that stayed dense then keeps its own reference to
+    the dense weight."""
     tensor = tensors.get("token_embd.weight")
-    if tensor is None:
+    if tensor is None or not _swaps_embedding(tensor):
         return False
     if tensor.tensor_type == GGMLQuantizationType.Q8_0:
         model.model.embed_tokens = Q8Embedding(tensor, model.dtype)
         return True
-    gemv, gemm = gemv_kernel(), q4_kernel()
-    if tensor.tensor_type != Q6_K or gemv is None or gemm is None:
-        return False
+    if not has_gguf_kernels() or tensor.tensor_type != Q6_K:
+        model.model.embed_tokens = GGUFEmbedding(tensor, model.dtype)
+        return True
     head = model.lm_head
     if "output.weight" not in tensors and isinstance(head, Q6KLinear):
         weights = head.weights  # tied: the same Q6_K rows
     else:
-        weights = gemv.pack_q6_k(*q6_k_parts(tensor))
-    model.model.embed_tokens = Q6KEmbedding(gemm, weights, model.dtype)
+        weights = gemv_kernel().pack_q6_k(*q6_k_parts(tensor))
+    model.model.embed_tokens = Q6KEmbedding(q4_kernel(), weights, model.dtype)
     return True
+
+
+def _swaps_embedding(table: ReaderTensor) -> bool:
+    """Whether `quantize_embedding` keeps a token embedding of this GGUF tensor quantized."""
+    return table.tensor_type not in FLOAT_TYPES
+
+
+def has_gguf_kernels() -> bool:
+    """Whether superinfer's GEMV and GEMM over GGUF blocks run here (AVX-512 BF16): what
+    Q6_K layers, embeddings and experts need."""
+    return gemv_kernel() is not None and q4_kernel() is not None
 
 
 def q8_0_blocks(tensor: ReaderTensor) -> tuple[np.ndarray, np.ndarray]:
@@ -400,6 +419,25 @@ _FUSED_LAYER_SOURCES = {**_LAYER_SOURCES, "self_attn.qkv_proj": ("attn_qkv",),
                         "mlp.gate_up_proj": ("ffn_up",)}  # fmt: skip
 
 
+def quantized_linear_tensors(
+    tensors: dict[str, ReaderTensor], config: ModelConfig, is_w4a8: bool = False
+) -> set[str]:
+    """The GGUF tensors that `quantize_linears` and `quantize_embedding`, run on the model
+    before its parameters are allocated, hold quantized (the loader then leaves them out of
+    the weights it dequantizes): the weights and biases of the layers `quantize_linears`
+    swaps, and token_embd.weight where `quantize_embedding` swaps the embedding and no dense
+    lm_head shares it (then the embedding is swapped after loading)."""
+    layers = _quantized_layers(tensors, config, is_w4a8)
+    names = {f"{stem}.{kind}" for stems in layers.values() for stem in stems[1]
+             for kind in ("weight", "bias")} & tensors.keys()  # fmt: skip
+    names.discard("token_embd.weight")  # a tied lm_head's: the embedding may still need it
+    table = tensors.get("token_embd.weight")
+    is_shared = "output.weight" not in tensors and "lm_head" not in layers  # by a dense head
+    if table is not None and _swaps_embedding(table) and not is_shared:
+        names.add("token_embd.weight")
+    return names
+
+
 def quantize_linears(
     model: nn.Module,
     tensors: dict[str, ReaderTensor],
@@ -411,19 +449,15 @@ def quantize_linears(
     same planes' width) for Int4Linear (`swap_int4_linears`), those whose tensors are all
     Q6_K for Q6KLinear where the GEMV runs (`swap_q6_k_linears`; not under `is_w4a8`), and
     fused ones whose tensors mix these types for MixedLinear, there too
-    (`quant_parts.swap_mixed_linears`); returns the names swapped. Call it after the weights
-    are loaded (biases, tied embeddings and the dense weights of the Q6_K and mixed layers
-    are taken from the model)."""
-    config = model.config
-    is_fused = "blk.0.attn_qkv.weight" in tensors
-    sources = {"lm_head": ("output" if "output.weight" in tensors else "token_embd",)}
-    for i in range(config.num_layers):
-        for module, parts in (_FUSED_LAYER_SOURCES if is_fused else _LAYER_SOURCES).items():
-            sources[f"model.layers.{i}.{module}"] = tuple(f"blk.{i}.{p}" for p in parts)
+    (`quant_parts.swap_mixed_linears`); returns the names swapped.
+
+    Call it on the model before its parameters are allocated (on the meta device): the
+    swapped layers' weights are then never allocated dense, and their biases are read
+    from the GGUF file (`quantized_linear_tensors` names both). On a loaded model it swaps
+    the same layers, keeping their loaded biases."""
     from superinfer.model.quant_parts import swap_mixed_linears  # builds on this module
 
-    # the Q6_K and mixed layers need both kernels: the GEMV for a few rows, the GEMM for more
-    gemv = None if is_w4a8 or q4_kernel() is None else gemv_kernel()
+    gemv = _layer_gemv(is_w4a8)
     rows = GEMV_MAX_ROWS if max_int4_rows is None else min(max_int4_rows, GEMV_MAX_ROWS)
     swaps = {  # kind of layer -> (how its tensors unpack, the swap)
         "int4": (int4_planes, lambda m, v: swap_int4_linears(m, v, interleaved_qk,
@@ -433,25 +467,66 @@ def quantize_linears(
                                                                 rows)),
     }  # fmt: skip
     swapped = []
-    for name, parts in sources.items():  # one layer at a time: its unpacked values then go
-        found = [tensors.get(f"{p}.weight") for p in parts]
+    for name, (kind, stems) in _quantized_layers(tensors, model.config, is_w4a8).items():
+        unpack, swap = swaps[kind]  # one layer at a time: its unpacked values then go
+        values = [unpack(tensors[f"{stem}.weight"]) for stem in stems]
+        if len(stems) == 1 and name.endswith(("qkv_proj", "gate_up_proj")):  # fused file
+            values = _split_rows(values[0], _part_rows(model.config, name))
+        _load_bias(model, name, stems, tensors, interleaved_qk)
+        swapped += swap(model, {name: values})
+    return swapped
+
+
+def _layer_gemv(is_w4a8: bool) -> GemvKernel | None:
+    """The GEMV of the Q6_K and mixed layers: they need both kernels, the GEMV for a few
+    rows, the GEMM for more."""
+    return None if is_w4a8 or q4_kernel() is None else gemv_kernel()
+
+
+def _quantized_layers(
+    tensors: dict[str, ReaderTensor], config: ModelConfig, is_w4a8: bool
+) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """The linear layers `quantize_linears` swaps: name -> (kind of swap, its GGUF tensors'
+    stems in the fused parameter's row order)."""
+    is_fused = "blk.0.attn_qkv.weight" in tensors
+    sources = {"lm_head": ("output" if "output.weight" in tensors else "token_embd",)}
+    for i in range(config.num_layers):
+        for module, parts in (_FUSED_LAYER_SOURCES if is_fused else _LAYER_SOURCES).items():
+            sources[f"model.layers.{i}.{module}"] = tuple(f"blk.{i}.{p}" for p in parts)
+    has_gemv = _layer_gemv(is_w4a8) is not None
+    layers = {}
+    for name, stems in sources.items():
+        found = [tensors.get(f"{stem}.weight") for stem in stems]
         if any(t is None for t in found):
             continue
         kinds = {t.tensor_type for t in found}
         if kinds <= INT4_TYPES.keys() and not _mixes_widths(kinds):
-            kind = "int4"
-        elif kinds == {Q6_K} and gemv is not None:
-            kind = "q6_k"
-        elif len(kinds) > 1 and kinds <= QUANT_TYPES.keys() and gemv is not None:
-            kind = "mixed"
-        else:
-            continue
-        unpack, swap = swaps[kind]
-        values = [unpack(t) for t in found]
-        if is_fused and len(found) == 1 and name.endswith(("qkv_proj", "gate_up_proj")):
-            values = _split_rows(values[0], _part_rows(config, name))
-        swapped += swap(model, {name: values})
-    return swapped
+            layers[name] = ("int4", stems)
+        elif kinds == {Q6_K} and has_gemv:
+            layers[name] = ("q6_k", stems)
+        elif len(kinds) > 1 and kinds <= QUANT_TYPES.keys() and has_gemv:
+            layers[name] = ("mixed", stems)
+    return layers
+
+
+def _load_bias(
+    model: nn.Module,
+    name: str,
+    stems: tuple[str, ...],
+    tensors: dict[str, ReaderTensor],
+    interleaved_qk: bool,
+) -> None:
+    """Give layer `name`, if its bias is not allocated yet, the bias of its GGUF tensors
+    as `load_hf_weights` would have loaded it (q/k rows in RoPE order, in the model's
+    dtype): the swaps read `linear.bias`."""
+    linear = model.get_submodule(name)
+    if linear.bias is None or not linear.bias.is_meta:
+        return
+    parts = [float_tensor(tensors[f"{stem}.bias"]) for stem in stems]
+    parts = rope_ordered(name, parts, interleaved_qk,
+                         lambda b: interleave_rope_rows(b, model.config.head_dim))  # fmt: skip
+    bias = torch.cat(parts).to(linear.bias.dtype)
+    linear.bias = nn.Parameter(bias, requires_grad=False)
 
 
 def _mixes_widths(kinds: set[GGMLQuantizationType]) -> bool:
@@ -559,14 +634,22 @@ def _keep_larger_steps(
         return  # the int4 kernel's packed weights serve every step
     else:
         weight = int4.dequantized(*fused, linear.weight.dtype)
-        linear.weight = nn.Parameter(weight, requires_grad=False)  # unties lm_head
-        int4.keep_dense(linear, rows)
+        int4.keep_dense(_dense_linear(weight, linear.bias), rows)
     if gemv is not None and rows > 0:
         if int4.num_planes == 1 and isinstance(weights, Q4Weights):
             int4.keep_gemv(gemv, weights)
         elif int4.num_planes == 2:
             int4.keep_gemv(gemv, gemv.pack_planes(fused[0], fused[1], int4.in_features,
                                                   int4.bias))  # fmt: skip
+
+
+def _dense_linear(weight: Tensor, bias: Tensor | None) -> nn.Linear:
+    """An nn.Linear holding `weight` and `bias`: a swapped layer's dense copy, never the
+    layer it replaces (whose weight may not be allocated, or be a tied embedding's)."""
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+    linear.weight = nn.Parameter(weight, requires_grad=False)
+    linear.bias = bias
+    return linear
 
 
 def swap_q6_k_linears(
@@ -622,7 +705,5 @@ def _w4a8_kernel() -> W4A8Kernel:
 
 def _interleave(planes: tuple[Tensor, ...], head_dim: int) -> tuple[Tensor, ...]:
     """The row order `weights.interleave_rope_rows` gives the dense q/k projections."""
-    from superinfer.model.weights import interleave_rope_rows
-
     order = interleave_rope_rows(torch.arange(planes[0].shape[0]), head_dim)
     return tuple(p[order] for p in planes)

@@ -10,7 +10,7 @@ sandwich norms (`pre_`/`post_feedforward_layernorm`), the router `mlp.gate` and
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING
 
 from torch import Tensor, nn
@@ -31,17 +31,21 @@ Part = tuple[int, ...]  # (part of a fused projection) or (expert, part)
 
 
 def load_hf_weights(
-    model: DecoderForCausalLM, weights: Iterable[tuple[str, Tensor]], interleaved_qk: bool = False
+    model: DecoderForCausalLM,
+    weights: Iterable[tuple[str, Tensor]],
+    interleaved_qk: bool = False,
+    held: Collection[str] = (),
 ) -> None:
     """Copy `weights` (name, tensor) into `model`; raise ValueError on a missing, unknown or
-    misshapen weight.
+    misshapen weight. The parameters named in `held` already hold their values (those of
+    modules swapped in before loading): they are neither expected nor accepted.
 
     RoPE rotates pairs of q/k dims: halves (i, i + D/2) of each head in HF checkpoints,
     interleaved (2i, 2i + 1) in llama.cpp's GGUF files (`interleaved_qk`) and in this model,
     so HF q/k rows (and q/k norm weights) are reordered on the way in.
     """
     config = model.config
-    params = dict(model.named_parameters())
+    params = {name: p for name, p in model.named_parameters() if name not in held}
     loaded: set[tuple[str, Part]] = set()
     for name, tensor in weights:
         if "rotary_emb" in name or (name == "lm_head.weight" and config.tie_word_embeddings):

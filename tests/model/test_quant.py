@@ -13,12 +13,14 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 from torch import nn
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
+from superinfer.model import gguf_checkpoint
 from superinfer.model.cpu_gemv import MAX_ROWS as GEMV_MAX_ROWS
 from superinfer.model.cpu_gemv import gemv_kernel
 from superinfer.model.cpu_q4 import q4_kernel
 from superinfer.model.cpu_w4a8 import w4a8_kernel
+from superinfer.model.gguf_embedding import GGUFEmbedding
 from superinfer.model.loader import load_gguf_model
 from superinfer.model.quant import (
     LM_HEAD_GEMV_MAX_ROWS,
@@ -433,3 +435,60 @@ def test_q6_k_layers_and_tied_head_run_quantized(arch, tmp_path) -> None:
         ids = torch.tensor([[0, 7, 7], [TINY["vocab_size"] - 1, 3, 100]])
         with torch.inference_mode():
             assert torch.equal(table(ids), dense.model.embed_tokens(ids))
+
+
+# (config, type of the matrices, the others' types): every matrix is kept quantized under auto
+NEVER_DEQUANTIZED = {
+    # Q4_K_M: a tied Q6_K embedding shared by lm_head, mixed and Q4_K q/k/v with biases
+    "qwen2-q4_k_m": (Qwen2Config(**{**TINY, **K_QUANT_SIZES}, tie_word_embeddings=True),
+                     GGMLQuantizationType.Q4_K, q4_k_m_types(TINY["num_hidden_layers"], True)),
+    # as the default model: a tied Q8_0 embedding, whose lm_head keeps a dense copy
+    "llama-q4_0": (LlamaConfig(**TINY, tie_word_embeddings=True), GGMLQuantizationType.Q4_0,
+                   {"token_embd.weight": GGMLQuantizationType.Q8_0}),
+    # Q4_K_M of an untied model (Llama 3.1 8B's layout): a Q4_K embedding, a Q6_K head
+    "llama-q4_k_m": (LlamaConfig(**{**TINY, **K_QUANT_SIZES}, tie_word_embeddings=False),
+                     GGMLQuantizationType.Q4_K, q4_k_m_types(TINY["num_hidden_layers"], False)),
+}  # fmt: skip
+EMBEDDINGS = {"qwen2-q4_k_m": Q6KEmbedding, "llama-q4_0": Q8Embedding,
+              "llama-q4_k_m": GGUFEmbedding}  # fmt: skip
+
+
+@needs_gemv
+@pytest.mark.parametrize("name", NEVER_DEQUANTIZED)
+def test_quantized_layers_are_never_dequantized(name, tmp_path, monkeypatch) -> None:
+    """Under auto, the layers kept quantized (and the embedding) are swapped in before the
+    parameters are allocated: their GGUF matrices are never dequantized, no dense weight is
+    held but the Q8_0 head's copy for larger steps, and the biases are the dense model's."""
+    config, qtype, types = NEVER_DEQUANTIZED[name]
+    arch = "qwen2" if name.startswith("qwen2") else "llama"
+    path = write_gguf(_k_quant_model(tmp_path, config), tmp_path / "m.gguf", arch, qtype,
+                      types=types)  # fmt: skip
+    dequantized = []
+    original = gguf_checkpoint._dequantize
+
+    def recording(tensor):
+        dequantized.append(tensor.name)
+        return original(tensor)
+
+    monkeypatch.setattr(gguf_checkpoint, "_dequantize", recording)
+    dense, _ = load_gguf_model(str(path), torch.bfloat16, CPU, "none")
+    matrices = {t.name for t in GGUFReader(str(path)).tensors if len(t.shape) == 2}
+    assert matrices <= set(dequantized)
+    dequantized.clear()
+    model, info = load_gguf_model(str(path), torch.bfloat16, CPU, "auto")
+    assert dequantized and not matrices & set(dequantized)
+    assert info.num_quantized_linears == 4 * TINY["num_hidden_layers"] + 1
+    assert info.is_embedding_quantized
+    assert type(model.model.embed_tokens) is EMBEDDINGS[name]
+    ids = torch.tensor([0, 5, TINY["vocab_size"] - 1])
+    with torch.inference_mode():
+        assert torch.equal(model.model.embed_tokens(ids), dense.model.embed_tokens(ids))
+    held = [n for n, p in model.named_parameters() if p.dim() == 2]
+    assert held == (["lm_head.dense.weight"] if name == "llama-q4_0" else [])
+    biases = {n: p for n, p in model.named_parameters() if n.endswith(".bias")}
+    assert len(biases) == (1 if name.startswith("qwen2") else 0)  # layer 0's Q4_K q/k/v
+    for n, bias in biases.items():
+        assert torch.equal(bias, dense.get_parameter(n))
+    runs = [PagedRun(m, 16, 4) for m in (dense, model)]
+    logits = [r.step([(r.add(PROMPT), len(PROMPT))], all_logits=True) for r in runs]
+    assert torch.cosine_similarity(logits[0], logits[1], dim=-1).min() > 0.999
