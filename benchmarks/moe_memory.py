@@ -12,7 +12,7 @@ float; --layers, --experts of --expert-size inputs, 4 of them a token; the exper
 and down Q6_K in every other layer, Q4_K in the others, which needs --hidden and
 --expert-size multiples of 256), then for each
 quantization loads it in a fresh process (bfloat16, as the server does) and reports:
-- peak resident memory of the load (`ru_maxrss`), and resident memory after it;
+- peak resident memory of the load (VmHWM), and resident memory after it;
 - the bytes the experts hold (their parameters, buffers and kernels' packed weights, as
   `tests/model/test_quant_moe.py` counts them);
 - TPOT of one request (`quantized_decode.run_once`: --prompt-len tokens, then
@@ -46,7 +46,7 @@ Q4_K, Q6_K = GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K
 EXPERT_TYPES = ("q4_0", "q8_0", "q4_k_m")
 
 MEASURE = """
-import json, os, resource, statistics, sys, time
+import json, os, statistics, sys, time
 import torch
 sys.path.insert(0, {benchmarks!r})
 from quantized_decode import batch_step_ms, run_once
@@ -55,7 +55,10 @@ from superinfer.model.loader import load_gguf_model
 path, quantization, rounds, prompt_len, steps = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
 model, info = load_gguf_model(path, torch.bfloat16, torch.device("cpu"), quantization)
 rss_mb = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# VmHWM, this process's own peak: ru_maxrss keeps the parent's (the file's build) across
+# fork and exec
+status = open("/proc/self/status").read().splitlines()
+peak_mb = next(int(line.split()[1]) for line in status if line.startswith("VmHWM")) / 1024
 sys.path.insert(0, {repo!r})
 from tests.model.test_quant_moe import _held_bytes
 held = sum(_held_bytes(layer.mlp.experts) for layer in model.model.layers)
