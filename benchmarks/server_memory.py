@@ -34,12 +34,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def rss_mb(pid: int) -> float:
+def rss_mb(pid: int, field: str = "VmRSS") -> float:
+    """The process's resident memory (VmRSS), or its peak so far (VmHWM), in MB."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS"):
+            if line.startswith(field):
                 return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
+    raise RuntimeError(f"no {field}")
 
 
 def wait_healthy(url: str, process: subprocess.Popen, timeout_s: float = 600) -> None:
@@ -100,6 +101,7 @@ def main() -> None:
             )  # fmt: skip
             rounds.append(round(rss_mb(server.pid), 1))
             print(f"round {round_index + 1}: RSS {rounds[-1]:.0f} MB", flush=True)
+        high_water_mb = rss_mb(server.pid, "VmHWM")  # the load's peak too, between samples
     finally:
         stop.set()
         server.send_signal(signal.SIGTERM)
@@ -110,6 +112,7 @@ def main() -> None:
         "ready_rss_mb": round(ready_mb, 1),
         "rss_after_each_round_mb": rounds,
         "peak_rss_mb": max(mb for _, mb in samples) if samples else None,
+        "high_water_rss_mb": round(high_water_mb, 1),
         "growth_first_to_last_round_mb": round(rounds[-1] - rounds[0], 1),
         "samples": samples,
         "load_average": os.getloadavg(),
