@@ -34,7 +34,7 @@ from superinfer.engine.kv_cache import KVCacheTiers, bytes_per_block, freeable_w
 from superinfer.engine.load_report import log_loaded
 from superinfer.engine.memory_profile import profile_step_bytes
 from superinfer.engine.model_runner import ModelRunner
-from superinfer.engine.native_memory import limit_malloc_arenas
+from superinfer.engine.native_memory import limit_malloc_arenas, raise_mmap_threshold
 from superinfer.engine.snapshot import (
     EngineSnapshot,
     ForwardRecord,
@@ -190,6 +190,7 @@ class LLMEngine:
         self.dtype = dtype
         if self.device.type == "cpu":
             limit_malloc_arenas()
+            raise_mmap_threshold()
         loaded = load_model(
             config.model.model, dtype, self.device, quantization=config.model.quantization
         )

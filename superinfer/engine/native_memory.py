@@ -9,6 +9,17 @@ slows a step measurably. The bigger source of growth, oneDNN building code per i
 is handled where the shapes are made (`superinfer.model.cpu_linear`).
 
 `MALLOC_ARENA_MAX` in the environment wins over the arena cap.
+
+The engine also serves allocations of up to 32 MiB from the heap rather than each from a
+mapping of its own (`raise_mmap_threshold`). glibc starts by mapping anything over 128 KiB
+separately, page-aligned, and raises that threshold only once such a block is freed. The
+loader now swaps quantized layers in before the model exists (`model/quant.py`), so their
+packed weights came first, each page-aligned, and the default model's single-request
+decode step took about 5% longer (docs/results/models/q6k_gemm_1205/). Before, the freed
+dense weights had raised the threshold first. The likely cause is many arrays at the same
+offset in a page, read together by one GEMV, contending for the same cache sets.
+
+`MALLOC_MMAP_THRESHOLD_` in the environment wins over that.
 """
 
 from __future__ import annotations
@@ -16,8 +27,10 @@ from __future__ import annotations
 import ctypes
 import os
 
-_M_ARENA_MAX = -8  # mallopt parameter (glibc's malloc.h)
+_M_ARENA_MAX = -8  # mallopt parameters (glibc's malloc.h)
+_M_MMAP_THRESHOLD = -3
 NUM_ARENAS = 2
+MMAP_THRESHOLD = 32 << 20  # the most glibc's own dynamic threshold reaches on 64-bit
 
 
 def _glibc() -> ctypes.CDLL | None:
@@ -33,6 +46,15 @@ def limit_malloc_arenas() -> bool:
     if libc is None or "MALLOC_ARENA_MAX" in os.environ:
         return False
     return bool(libc.mallopt(_M_ARENA_MAX, NUM_ARENAS))
+
+
+def raise_mmap_threshold() -> bool:
+    """Serve allocations of up to MMAP_THRESHOLD bytes from the heap (call early, before
+    the model is loaded). False off glibc."""
+    libc = _glibc()
+    if libc is None or "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return False
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
 
 
 def release_free_memory() -> None:
