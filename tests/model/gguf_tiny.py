@@ -10,6 +10,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, RopeScalingType
 from gguf.quants import quantize
 
+from superinfer.model import gguf_checkpoint
 from superinfer.model.weights import interleave_rope_rows
 from tests.model.tiny import PROMPT
 
@@ -282,3 +283,17 @@ def engine_greedy(path: Path, tokenizer, monkeypatch, prompts: list[list[int]],
         return [list(o.outputs[0].token_ids) for o in outputs], llm.engine.checkpoint
     finally:
         llm.engine.close()
+
+
+def recorded_dequantizations(monkeypatch) -> list[str]:
+    """The names of the GGUF tensors the loader dequantizes from now on, in a list that
+    grows as it does (`monkeypatch` undoes the recording after the test)."""
+    names: list[str] = []
+    original = gguf_checkpoint._dequantize
+
+    def recording(tensor):
+        names.append(tensor.name)
+        return original(tensor)
+
+    monkeypatch.setattr(gguf_checkpoint, "_dequantize", recording)
+    return names

@@ -15,7 +15,6 @@ from gguf.quants import dequantize
 from torch import nn
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
-from superinfer.model import gguf_checkpoint
 from superinfer.model.cpu_gemv import MAX_ROWS as GEMV_MAX_ROWS
 from superinfer.model.cpu_gemv import gemv_kernel
 from superinfer.model.cpu_q4 import q4_kernel
@@ -39,6 +38,7 @@ from tests.model.gguf_tiny import (
     q6_k_quants,
     quantize_q4_k,
     quantize_q6_k,
+    recorded_dequantizations,
     tiny_gemma2_gguf_config,
     tiny_gemma3_gguf_config,
     tiny_qwen3_moe_gguf_config,
@@ -463,14 +463,7 @@ def test_quantized_layers_are_never_dequantized(name, tmp_path, monkeypatch) -> 
     arch = "qwen2" if name.startswith("qwen2") else "llama"
     path = write_gguf(_k_quant_model(tmp_path, config), tmp_path / "m.gguf", arch, qtype,
                       types=types)  # fmt: skip
-    dequantized = []
-    original = gguf_checkpoint._dequantize
-
-    def recording(tensor):
-        dequantized.append(tensor.name)
-        return original(tensor)
-
-    monkeypatch.setattr(gguf_checkpoint, "_dequantize", recording)
+    dequantized = recorded_dequantizations(monkeypatch)
     dense, _ = load_gguf_model(str(path), torch.bfloat16, CPU, "none")
     matrices = {t.name for t in GGUFReader(str(path)).tensors if len(t.shape) == 2}
     assert matrices <= set(dequantized)

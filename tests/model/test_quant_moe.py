@@ -12,7 +12,6 @@ from gguf import GGMLQuantizationType
 from torch import Tensor, nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from superinfer.model import gguf_checkpoint
 from superinfer.model.cpu_w4a8 import w4a8_kernel
 from superinfer.model.gemv_linear import GemvLinear
 from superinfer.model.loader import load_gguf_model
@@ -22,6 +21,7 @@ from superinfer.model.quant_moe import QuantExperts
 from tests.model.gguf_tiny import (
     MIXED_PROMPTS,
     engine_greedy,
+    recorded_dequantizations,
     tiny_qwen3_moe_gguf_config,
     write_gguf,
 )
@@ -231,14 +231,7 @@ def test_experts_are_kept_quantized_and_never_dequantized(
     a float scale per 32 inputs, and unused offsets), Q6_K ones 0.83 (6.5 bits, an int8
     scale per 16 inputs, a float d per 256)."""
     path = gguf_file(name, qtype)
-    dequantized = []
-    original = gguf_checkpoint._dequantize
-
-    def recording(tensor):
-        dequantized.append(tensor.name)
-        return original(tensor)
-
-    monkeypatch.setattr(gguf_checkpoint, "_dequantize", recording)
+    dequantized = recorded_dequantizations(monkeypatch)
     dense = _load(path, "none")
     assert sum("_exps." in name for name in dequantized) == 3 * 2
     dequantized.clear()

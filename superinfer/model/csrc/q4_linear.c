@@ -142,17 +142,52 @@ static void tile_rows(const uint32_t *x, int64_t x_stride, const uint32_t *w, in
     }
 }
 
-/* Strip s's 32 columns of y for every row of x, its weights dequantized in w. */
-static void strip_times_rows(const void *x, int64_t x_stride, int64_t num_rows, const uint32_t *w,
-                             int64_t num_pairs, const float *bias, void *y, int64_t num_out,
-                             int64_t s) {
-    const int64_t col = s * STRIP;
-    const int num_cols = num_out - col < STRIP ? (int)(num_out - col) : STRIP;
-    for (int64_t r = 0; r < num_rows; r += ROW_TILE) {
-        const int n = num_rows - r < ROW_TILE ? (int)(num_rows - r) : ROW_TILE;
-        tile_rows((const uint32_t *)((const uint16_t *)x + r * x_stride), x_stride / 2, w,
-                  num_pairs, bias, (uint16_t *)y + r * num_out, num_out, col, num_cols, n);
+/* What a GEMM reads: a layer's packed weights and their scales, by the layout's own
+ * dequantize_fn, which writes strip s (32 columns) as bfloat16 pairs into a scratch strip. */
+struct gguf_weights {
+    const uint8_t *packed;
+    const void *scales;
+    int64_t num_out, num_in;
+};
+typedef void (*dequantize_fn)(const struct gguf_weights *weights, int64_t s, uint32_t *w);
+
+/* y = x @ w.T (+ bias): each thread dequantizes a strip into its scratch buffer, then runs
+ * every row of x against it. Returns 0, or -2 when out of memory. */
+static int gemm_by_strips(const void *x, int64_t x_stride, int64_t num_rows,
+                          const struct gguf_weights *weights, dequantize_fn dequantize,
+                          const float *bias, void *y, int num_threads) {
+    const int64_t num_out = weights->num_out, num_pairs = weights->num_in / 2;
+    const int64_t num_strips = (num_out + STRIP - 1) / STRIP;
+    int status = 0;
+#pragma omp parallel num_threads(num_threads)
+    {
+        uint32_t *w = aligned_alloc(64, (size_t)num_pairs * STRIP * sizeof(uint32_t));
+        if (!w) {
+#pragma omp atomic write
+            status = -2;
+        }
+#pragma omp for schedule(static)
+        for (int64_t s = 0; s < num_strips; s++) {
+            if (!w) continue;
+            dequantize(weights, s, w);
+            const int64_t col = s * STRIP;
+            const int num_cols = num_out - col < STRIP ? (int)(num_out - col) : STRIP;
+            for (int64_t r = 0; r < num_rows; r += ROW_TILE) {
+                const int n = num_rows - r < ROW_TILE ? (int)(num_rows - r) : ROW_TILE;
+                tile_rows((const uint32_t *)((const uint16_t *)x + r * x_stride), x_stride / 2,
+                          w, num_pairs, bias, (uint16_t *)y + r * num_out, num_out, col,
+                          num_cols, n);
+            }
+        }
+        free(w);
     }
+    return status;
+}
+
+static void dequantize_q4_strip(const struct gguf_weights *weights, int64_t s, uint32_t *w) {
+    const int64_t num_blocks = weights->num_in / BLOCK;
+    dequantize_strip(weights->packed + s * num_blocks * 512,
+                     (const uint16_t *)weights->scales + s * num_blocks * 64, num_blocks, w);
 }
 #endif
 
@@ -165,26 +200,9 @@ int q4_linear(const void *x, int64_t x_stride, int64_t num_rows, int64_t num_in,
               int64_t num_out, int num_threads) {
 #ifdef HAVE_BF16_DOT
     if (num_in % BLOCK || x_stride % 2) return -1;
-    const int64_t num_strips = (num_out + STRIP - 1) / STRIP, num_blocks = num_in / BLOCK;
-    const int64_t num_pairs = num_in / 2;
-    int status = 0;
-#pragma omp parallel num_threads(num_threads)
-    {
-        uint32_t *w = aligned_alloc(64, (size_t)num_pairs * STRIP * sizeof(uint32_t));
-        if (!w) {
-#pragma omp atomic write
-            status = -2;
-        }
-#pragma omp for schedule(static)
-        for (int64_t s = 0; s < num_strips; s++) {
-            if (!w) continue;
-            dequantize_strip(packed + s * num_blocks * 512, scales_zeros + s * num_blocks * 64,
-                             num_blocks, w);
-            strip_times_rows(x, x_stride, num_rows, w, num_pairs, bias, y, num_out, s);
-        }
-        free(w);
-    }
-    return status;
+    const struct gguf_weights weights = {packed, scales_zeros, num_out, num_in};
+    return gemm_by_strips(x, x_stride, num_rows, &weights, dequantize_q4_strip, bias, y,
+                          num_threads);
 #else
     (void)x, (void)x_stride, (void)num_rows, (void)num_in, (void)packed, (void)scales_zeros;
     (void)bias, (void)y, (void)num_out, (void)num_threads;
@@ -238,6 +256,22 @@ static void dequantize_q6k_strip(const uint8_t *record, const float *d, int64_t 
         }
     }
 }
+
+/* Strip s of a GEMM: Q6_K's strips 2 s and 2 s + 1 (zero weights past the last one). */
+static void dequantize_q6k_strips(const struct gguf_weights *weights, int64_t s, uint32_t *w) {
+    const int64_t num_blocks = weights->num_in / BLOCK, num_supers = num_blocks / Q6K_SUPER;
+    const int64_t num_q6k_strips = (weights->num_out + Q6K_STRIP - 1) / Q6K_STRIP;
+    for (int h = 0; h < 2; h++) {
+        const int64_t t = 2 * s + h; /* the Q6_K strip in this half */
+        if (t < num_q6k_strips)
+            dequantize_q6k_strip(weights->packed + t * num_blocks * Q6K_RECORD,
+                                 (const float *)weights->scales + t * num_supers * Q6K_STRIP,
+                                 num_blocks, h, w);
+        else
+            for (int64_t p = 0; p < weights->num_in / 2; p++)
+                _mm512_storeu_si512(w + (p * 2 + h) * 16, _mm512_setzero_si512());
+    }
+}
 #endif
 
 /* y (num_rows, num_out) bfloat16 = x (num_rows, num_in) bfloat16 @ w.T (+ bias, float), w
@@ -249,34 +283,9 @@ int q6k_linear(const void *x, int64_t x_stride, int64_t num_rows, int64_t num_in
                int64_t num_out, int num_threads) {
 #ifdef HAVE_BF16_DOT
     if (num_in % (BLOCK * Q6K_SUPER) || x_stride % 2) return -1;
-    const int64_t num_q6k_strips = (num_out + Q6K_STRIP - 1) / Q6K_STRIP;
-    const int64_t num_strips = (num_out + STRIP - 1) / STRIP, num_blocks = num_in / BLOCK;
-    const int64_t num_pairs = num_in / 2, num_supers = num_blocks / Q6K_SUPER;
-    int status = 0;
-#pragma omp parallel num_threads(num_threads)
-    {
-        uint32_t *w = aligned_alloc(64, (size_t)num_pairs * STRIP * sizeof(uint32_t));
-        if (!w) {
-#pragma omp atomic write
-            status = -2;
-        }
-#pragma omp for schedule(static)
-        for (int64_t s = 0; s < num_strips; s++) {
-            if (!w) continue;
-            for (int h = 0; h < 2; h++) {
-                const int64_t t = 2 * s + h; /* the Q6_K strip in this half */
-                if (t < num_q6k_strips)
-                    dequantize_q6k_strip(packed + t * num_blocks * Q6K_RECORD,
-                                         d + t * num_supers * Q6K_STRIP, num_blocks, h, w);
-                else /* past the last column: zero weights */
-                    for (int64_t p = 0; p < num_pairs; p++)
-                        _mm512_storeu_si512(w + (p * 2 + h) * 16, _mm512_setzero_si512());
-            }
-            strip_times_rows(x, x_stride, num_rows, w, num_pairs, bias, y, num_out, s);
-        }
-        free(w);
-    }
-    return status;
+    const struct gguf_weights weights = {packed, d, num_out, num_in};
+    return gemm_by_strips(x, x_stride, num_rows, &weights, dequantize_q6k_strips, bias, y,
+                          num_threads);
 #else
     (void)x, (void)x_stride, (void)num_rows, (void)num_in, (void)packed, (void)d;
     (void)bias, (void)y, (void)num_out, (void)num_threads;
