@@ -1,6 +1,7 @@
 """A frozen linear layer held only in the few-row GEMV's 8-bit layout (`cpu_gemv`: Q8_0
 weights, 1.25 bytes a weight): a MoE's Q8_0 expert projection kept quantized (`quant_moe`)
-with no dense copy.
+with no dense copy. `quant.Q6KLinear` is the same layer over Q6_K's own layout, with a GEMM
+of its own for the larger steps.
 
 Steps of up to `max_gemv_rows` rows (decode) run the GEMV. A larger step (prefill, or a
 batch of which many tokens chose this expert) unpacks the weights to a bfloat16 matrix
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from superinfer.model.cpu_gemv import MAX_ROWS as GEMV_MAX_ROWS
-from superinfer.model.cpu_gemv import GemvKernel, Q8Weights
+from superinfer.model.cpu_gemv import GemvKernel, Q6KWeights, Q8Weights
 
 
 class GemvLinear(nn.Module):
@@ -27,7 +28,10 @@ class GemvLinear(nn.Module):
     bfloat16 for the step."""
 
     def __init__(
-        self, kernel: GemvKernel, weights: Q8Weights, max_gemv_rows: int = GEMV_MAX_ROWS
+        self,
+        kernel: GemvKernel,
+        weights: Q8Weights | Q6KWeights,
+        max_gemv_rows: int = GEMV_MAX_ROWS,
     ) -> None:
         super().__init__()
         if max_gemv_rows > GEMV_MAX_ROWS:
@@ -43,12 +47,16 @@ class GemvLinear(nn.Module):
         if x.shape[0] <= self.max_gemv_rows:
             y = self.gemv(x, self.weights)
         else:
-            y = F.linear(x, self.gemv.unpack(self.weights))
-            if self.weights.bias is not None:
-                y = y.add_(self.weights.bias)
+            y = self.larger_step(x)
         return y if dtype == torch.bfloat16 else y.to(dtype)
+
+    def larger_step(self, x: Tensor) -> Tensor:
+        """A step of more rows than the GEMV takes: x (rows, K) bfloat16 -> (rows, N)."""
+        y = F.linear(x, self.gemv.unpack(self.weights))
+        return y if self.weights.bias is None else y.add_(self.weights.bias)
 
     def extra_repr(self) -> str:
         kind = type(self.weights).__name__.removesuffix("Weights")
+        larger = "GEMM" if kind == "Q6K" else "unpacked"
         return (f"in_features={self.in_features}, out_features={self.out_features}, {kind} "
-                f"GEMV up to {self.max_gemv_rows} rows, else unpacked")  # fmt: skip
+                f"GEMV up to {self.max_gemv_rows} rows, else {larger}")  # fmt: skip

@@ -63,6 +63,7 @@ from superinfer.model.cpu_gemv import MAX_ROWS as GEMV_MAX_ROWS
 from superinfer.model.cpu_gemv import GemvKernel, Q6KWeights, Q8Weights, gemv_kernel
 from superinfer.model.cpu_q4 import Q4Kernel, Q4Weights, q4_kernel
 from superinfer.model.cpu_w4a8 import W4A8Kernel, W4A8Weights, w4a8_kernel
+from superinfer.model.gemv_linear import GemvLinear
 from superinfer.model.gguf_checkpoint import float_tensor
 from superinfer.model.gguf_embedding import FLOAT_TYPES, GGUFEmbedding
 from superinfer.model.weights import interleave_rope_rows
@@ -208,7 +209,7 @@ def dequantize_planes(planes: Planes, in_features: int, dtype: torch.dtype) -> T
     return out
 
 
-class Q6KLinear(nn.Module):
+class Q6KLinear(GemvLinear):
     """A frozen linear layer over GGUF Q6_K weights in Q6_K's own layout (`q6_k_parts` packed
     by `GemvKernel.pack_q6_k`, 6.625 bits a weight, bias included): steps of up to
     `max_gemv_rows` rows run the few-row GEMV of `cpu_gemv` (exact weights), larger steps
@@ -218,26 +219,11 @@ class Q6KLinear(nn.Module):
     def __init__(
         self, gemv: GemvKernel, gemm: Q4Kernel, weights: Q6KWeights, max_gemv_rows: int
     ) -> None:
-        super().__init__()
-        if max_gemv_rows > GEMV_MAX_ROWS:
-            raise ValueError(f"the GEMV takes at most {GEMV_MAX_ROWS} rows")
-        self.gemv, self.gemm, self.weights = gemv, gemm, weights
-        self.max_gemv_rows = max_gemv_rows  # a plain attribute: read on every call
-        self.in_features, self.out_features = weights.num_in, weights.num_out
+        super().__init__(gemv, weights, max_gemv_rows)
+        self.gemm = gemm
 
-    def forward(self, x: Tensor) -> Tensor:
-        dtype = x.dtype
-        if dtype != torch.bfloat16:
-            x = x.to(torch.bfloat16)
-        if x.shape[0] > self.max_gemv_rows:
-            y = self.gemm.linear_q6k(x, self.weights)
-        else:
-            y = self.gemv(x, self.weights)
-        return y if dtype == torch.bfloat16 else y.to(dtype)
-
-    def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, Q6_K GEMV "
-                f"up to {self.max_gemv_rows} rows, else Q6_K GEMM")  # fmt: skip
+    def larger_step(self, x: Tensor) -> Tensor:
+        return self.gemm.linear_q6k(x, self.weights)
 
 
 class Q6KEmbedding(nn.Module):

@@ -119,7 +119,7 @@ def test_quantized_experts_compute_the_dequantized_experts(
         assert sum(isinstance(p, nn.ModuleList) for p in projections) == num_quantized
         on_gemv += sum(isinstance(p, nn.ModuleList) and isinstance(p[0], (GemvLinear, Q6KLinear))
                        for p in projections)  # fmt: skip
-        num_unpacked += sum(isinstance(p, nn.ModuleList) and isinstance(p[0], GemvLinear)
+        num_unpacked += sum(isinstance(p, nn.ModuleList) and type(p[0]) is GemvLinear
                             for p in projections)  # fmt: skip
         with torch.inference_mode():
             expected, got = experts[0](x, ids).float(), experts[1](x, ids).float()
