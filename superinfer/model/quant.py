@@ -466,7 +466,7 @@ def quantize_linears(
 def _layer_gemv(is_w4a8: bool) -> GemvKernel | None:
     """The GEMV of the Q6_K and mixed layers: they need both kernels, the GEMV for a few
     rows, the GEMM for more."""
-    return None if is_w4a8 or q4_kernel() is None else gemv_kernel()
+    return gemv_kernel() if not is_w4a8 and has_gguf_kernels() else None
 
 
 def _quantized_layers(

@@ -89,8 +89,8 @@ def swap_mixed_linears(
     """Swap each fused linear layer named in `parts` (its parts' typed values, in the fused
     parameter's row order; q/k rows reordered for RoPE unless `interleaved_qk`) for a
     MixedLinear running steps of up to `max_gemv_rows` rows on `kernel`, larger ones on
-    `cpu_q4`'s GEMM; returns the names swapped. Layers stay as they are where that GEMM
-    is missing."""
+    `cpu_q4`'s GEMM (`quant.quantize_linears` swaps mixed layers only where it runs);
+    returns the names swapped."""
     head_dim = model.config.head_dim
     swapped = []
     for name, typed in parts.items():
@@ -100,8 +100,6 @@ def swap_mixed_linears(
         typed = rope_ordered(name, typed, interleaved_qk,
                              lambda part: (part[0], _interleave(part[1], head_dim)))  # fmt: skip
         gemm = q4_kernel()
-        if gemm is None:
-            continue
         weights = _part_weights(kernel, gemm, _merged_runs(typed), linear)
         replace_module(model, name, MixedLinear(kernel, gemm, weights, max_gemv_rows))
         swapped.append(name)
