@@ -152,8 +152,10 @@ def ray_overhead(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 def routing_run(args: argparse.Namespace, routing: str, repeat: int, tmp: Path) -> dict[str, Any]:
     keep = Path(args.keep) if args.keep else tmp
     keep.mkdir(parents=True, exist_ok=True)
-    name = f"{routing}_{repeat}"
-    server = Server(["--replicas", "2", "--device", "cpu", "--routing", routing,
+    rule, _, attempts = routing.partition(":")  # "power-of-two:1": one replica, no retry
+    name = f"{routing.replace(':', '-')}_{repeat}"
+    server = Server(["--replicas", "2", "--device", "cpu", "--routing", rule,
+                     "--routing-attempts", attempts or "0",
                      "--slo-log", str(keep / f"{name}.slo.jsonl"), *args.replica_args],
                     keep / f"{name}.log", cwd=args.repo)  # fmt: skip
     out = keep / f"{name}.json"
@@ -216,7 +218,9 @@ def main() -> None:
                         "servers and the client run (they start in it, so `python -m` imports "
                         "it first): another commit's `git worktree` for a before/after pair")  # fmt: skip
     parser.add_argument("--routings", default="slo,power-of-two", help="the rules to run, "
-                        "comma-separated; each repeat alternates their order")  # fmt: skip
+                        "comma-separated, each RULE[:ATTEMPTS] (`power-of-two:1`: Ray Serve's "
+                        "own router, which gives the client the first replica's refusal); "
+                        "each repeat alternates their order")  # fmt: skip
     parser.add_argument("--replica-args", default="", help="extra `superinfer serve` flags "
                         "for both rules' servers (one string, split on spaces)")  # fmt: skip
     args = parser.parse_args()

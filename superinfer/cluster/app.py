@@ -33,6 +33,11 @@ class ClusterConfig:
                        "on each replica's own TTFT estimate, or `power-of-two`, Ray Serve's "
                        "default (the less busy of two drawn at random).",
                        choices=["slo", "power-of-two"])  # fmt: skip
+    routing_attempts: int = opt(0, "How many replicas a request may be refused by before the "
+                                "client gets the refusal: a replica's 425 or 429 moves the "
+                                "request to the next in its order. 0: every live replica; 1: "
+                                "none more, as Ray Serve's own router (which passes a "
+                                "replica's answer through) does.")  # fmt: skip
     replica_cpus: float = opt(1.0, "Threads of each replica (OMP_NUM_THREADS; Ray also reserves "
                               "that many CPUs), so replicas on one machine do not "
                               "oversubscribe the cores.")  # fmt: skip
@@ -46,6 +51,8 @@ class ClusterConfig:
     def __post_init__(self) -> None:
         if self.replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {self.replicas}")
+        if self.routing_attempts < 0:
+            raise ValueError(f"routing_attempts must be >= 0, got {self.routing_attempts}")
 
 
 def build_application(
@@ -82,7 +89,7 @@ def build_application(
         max_ongoing_requests=max_ongoing * cluster.replicas, ray_actor_options={"num_cpus": 0},
     )  # fmt: skip
     engines = replica.bind(server, engine, slo, model_name)
-    return ingress.bind(engines, server, engine, slo, model_name)
+    return ingress.bind(engines, server, engine, slo, model_name, cluster.routing_attempts)
 
 
 def app_builder(args: dict[str, Any]) -> Any:

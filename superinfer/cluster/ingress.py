@@ -60,10 +60,12 @@ class RemoteReplicas:
     requests are prepared with, run the requests (`dispatch`), report their metrics, and
     a request whose replica died gets its SLO record (into `slo_log`, `metrics`) here."""
 
-    def __init__(self, handle: DeploymentHandle, slo_log: SLOLog, metrics: ServerMetrics) -> None:
+    def __init__(self, handle: DeploymentHandle, slo_log: SLOLog, metrics: ServerMetrics,
+                 max_attempts: int = 0) -> None:  # fmt: skip
         self.handle = handle
         self.slo_log = slo_log
         self.metrics = metrics
+        self.max_attempts = max_attempts  # refusals before the client gets one (0: no limit)
         # one handle per method, made once: each handle owns its router (and its state)
         self._generate = handle.options(method_name="generate", stream=True)
 
@@ -99,7 +101,7 @@ class RemoteReplicas:
         refusals, exclude = [], set()
         for _ in range(2 * max(1, len(self.live_replicas)) + 1):
             live = set(self.live_replicas)
-            if not live or live <= exclude:
+            if not live or live <= exclude or 0 < self.max_attempts <= len(refusals):
                 break
             elapsed_s = time.monotonic() - arrival.monotonic
             demand = demand_of(prepared, expected_tokens, elapsed_s, arrival.wall)
@@ -143,13 +145,14 @@ class IngressState:
         slo_config: SLOConfig,
         model_name: str,
         replicas: DeploymentHandle,
+        max_attempts: int = 0,
     ) -> None:
         self.config = server_config
         self.engine_config = engine_config
         self.slo_config = slo_config
         self.slo_log = TaggedSLOLog(server_config.slo_log, None)
         self.metrics = ServerMetrics(model_name, None, slo_config.class_names, engine_config)
-        self.replicas = RemoteReplicas(replicas, self.slo_log, self.metrics)
+        self.replicas = RemoteReplicas(replicas, self.slo_log, self.metrics, max_attempts)
         self.front = Front(server_config, model_name, self.slo_log, self.metrics,
                            unavailable=self.replicas.unavailable)  # fmt: skip
 
@@ -256,8 +259,10 @@ class ClusterIngress:
         engine_config: EngineConfig,
         slo_config: SLOConfig,
         model_name: str,
+        routing_attempts: int = 0,
     ) -> None:
-        self.state = IngressState(server_config, engine_config, slo_config, model_name, replicas)
+        self.state = IngressState(server_config, engine_config, slo_config, model_name, replicas,
+                                  routing_attempts)  # fmt: skip
 
     def __serve_build_asgi_app__(self) -> IngressStamp:
         return build_app(self.state, generate_on_replicas)

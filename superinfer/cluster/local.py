@@ -52,7 +52,8 @@ def run_local_cluster(
     state = RouterState(
         server, engine, slo, model_name_of(engine, server),
         [f"http://{REPLICA_HOST}:{port}" for port in ports], cluster.routing,
-        cluster.routing_stats_period_s, on_drain=lambda: _signal_all(replicas),
+        cluster.routing_stats_period_s, cluster.routing_attempts,
+        on_drain=lambda: _signal_all(replicas),
         is_replica_alive=lambda i: replicas[i].is_alive(),
     )  # fmt: skip
     try:

@@ -12,8 +12,9 @@ forwards the request, body untouched, to a replica:
    polled every `--routing-stats-period-s`, plus the requests sent since each report), or
    `power-of-two`, Ray Serve's default: the less busy of two replicas drawn at random;
 3. send it to the first; a replica that refuses (425, 429) or cannot serve (503, no
-   connection) moves it to the next, and only when every replica refused does the client
-   get one answer (`router.merge_rejections`), recorded here once;
+   connection) moves it to the next, and only when every replica refused (or
+   `--routing-attempts` did) does the client get one answer (`router.merge_rejections`),
+   recorded here once;
 4. pass the replica's status, headers and bytes (SSE events or body) through. A client
    that leaves closes the connection to the replica, which aborts the request there; a
    replica that dies mid-request ends it with a `replica_failed` error (SSE event, or
@@ -98,6 +99,7 @@ class ReplicaSet:
         routing: str = SLO_ROUTING,
         period_s: float = 0.1,
         seed: int = 0,
+        max_attempts: int = 0,
     ) -> None:
         if routing not in ROUTINGS:
             raise ValueError(f"unknown routing {routing!r}; choose one of {ROUTINGS}")
@@ -105,6 +107,7 @@ class ReplicaSet:
         self.client = client
         self.routing = routing
         self.period_s = period_s
+        self.max_attempts = max_attempts  # refusals before the client gets one (0: no limit)
         self.routed = RoutedSince()
         self._random = random.Random(seed)
 
@@ -133,8 +136,11 @@ class ReplicaSet:
         replica.load = ReplicaLoad.from_stats(replica.replica_id, body["load"])
         replica.vocab_size = body["vocab_size"]
 
-    def order(self, demand: Any, exclude: set[str]) -> list[Replica]:
-        """The live replicas not in `exclude`, in the order the request tries them."""
+    def order(self, demand: Any, exclude: set[str], num_refused: int = 0) -> list[Replica]:
+        """The live replicas not in `exclude`, in the order the request tries them; none
+        once `num_refused` refusals used up its attempts."""
+        if 0 < self.max_attempts <= num_refused:
+            return []
         live = [r for r in self.live if r.replica_id not in exclude]
         if self.routing == POWER_OF_TWO:
             drawn = self._random.sample(live, min(2, len(live)))
@@ -165,6 +171,7 @@ class RouterState:
         urls: Sequence[str],
         routing: str = SLO_ROUTING,
         period_s: float = 0.1,
+        max_attempts: int = 0,
         load_tokenizer: Callable[[], Any] | None = None,
         on_drain: Callable[[], None] = lambda: None,
         is_replica_alive: Callable[[int], bool] = lambda index: True,
@@ -176,7 +183,7 @@ class RouterState:
         self.metrics = ServerMetrics(model_name, None, slo_config.class_names, engine_config)
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0), limits=limits)
-        self.replicas = ReplicaSet(urls, self.client, routing, period_s)
+        self.replicas = ReplicaSet(urls, self.client, routing, period_s, max_attempts=max_attempts)
         self.front = Front(server_config, model_name, self.slo_log, self.metrics,
                            unavailable=self._unavailable)  # fmt: skip
         self._load_tokenizer = load_tokenizer or self._model_tokenizer
@@ -333,7 +340,7 @@ async def _dispatch(
     while True:
         elapsed_s = time.monotonic() - arrival.monotonic
         demand = demand_of(prepared, expected_tokens, elapsed_s, arrival.wall)
-        order = replicas.order(demand, exclude)
+        order = replicas.order(demand, exclude, len(refusals))
         if not order:
             break
         replica = order[0]

@@ -133,3 +133,54 @@ def test_the_routers_elapsed_time_moves_the_arrival_earlier_only(value, shift_s)
     scope = {"type": "http", "headers": [(ELAPSED_HEADER.encode(), value.encode())]}
     asyncio.run(stamp(scope, None, None))
     assert seen["arrival"].monotonic == pytest.approx(100.0 - shift_s)
+
+
+class _DispatchState:
+    """The part of `RouterState` `_dispatch` reads: the replica set, its client, a count."""
+
+    def __init__(self, replicas: ReplicaSet) -> None:
+        self.replicas, self.client, self.num_inflight = replicas, replicas.client, 0
+
+
+@pytest.mark.parametrize(("max_attempts", "expected"), [(0, 200), (2, 200), (1, 425)])
+def test_a_refused_request_tries_the_next_replica_up_to_its_attempts(max_attempts, expected):
+    from types import SimpleNamespace
+
+    from starlette.requests import Request
+
+    from superinfer.cluster.proxy import _dispatch
+    from superinfer.server.arrival import Arrival
+    from superinfer.server.errors import APIError
+    from superinfer.slo.targets import SLOTargets
+
+    posted: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":  # replica "a" reports the shorter queue: tried first
+            return httpx.Response(200, json=ready(0 if request.url.host == "a" else 900)[1])
+        posted.append(request.url.host)
+        if request.url.host == "a":
+            return httpx.Response(425, json={"error": {"message": "late", "code": "slo_infeasible"}},
+                                  headers={"x-superinfer-refusal-reason": "ttft_infeasible"})  # fmt: skip
+        return httpx.Response(200, json={"ok": True})
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(answer))
+    replicas = ReplicaSet(["http://a", "http://b"], client, max_attempts=max_attempts)
+    asyncio.run(_poll_all(replicas))
+    request = Request({"type": "http", "method": "POST", "path": "/v1/completions",
+                       "headers": [], "query_string": b""})  # fmt: skip
+    prepared = SimpleNamespace(request_id="r1", num_prompt_tokens=100,
+                               slo=SimpleNamespace(targets=SLOTargets(1000.0, 200.0)))  # fmt: skip
+    arrival = Arrival(0.0, 0.0)
+
+    async def dispatch() -> int:
+        try:
+            sent = await _dispatch(_DispatchState(replicas), request, b"{}", prepared, arrival, 20)
+        except APIError as error:
+            assert error.reason == "ttft_infeasible"
+            return error.status
+        await sent.response.aclose()
+        return sent.response.status_code
+
+    assert asyncio.run(dispatch()) == expected
+    assert posted == (["a"] if max_attempts == 1 else ["a", "b"])
