@@ -1,5 +1,5 @@
 """A Q4_K_M-like GGUF under `--quantization auto` on two checkouts, one fresh process each,
-alternating: memory, TTFT, TPOT and a batch-32 decode step.
+alternating: memory, TTFT, TPOT and a batched decode step (32 sequences, or --batch-size).
 
     git worktree add --detach ../base 95d7976
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/q4_k_m_ab.py --base-tree ../base \\
@@ -14,7 +14,7 @@ loop) and reports:
 - resident memory after the load, and its peak (VmHWM), in MB;
 - TTFT of one --prompt-len prompt (the prefill forward and its logits) and TPOT over
   --decode-steps greedy steps (`quantized_decode.run_once`), and the greedy tokens;
-- the median decode step of 32 sequences after a --batch-prompt-len prefill each.
+- the median decode step of --batch-size sequences after a --batch-prompt-len prefill each.
 Medians over the rounds; the processes run one after the other (run it on an idle machine).
 """
 
@@ -42,7 +42,7 @@ sys.path.insert(0, {benchmarks!r})
 from quantized_decode import batch_step_ms, run_once
 from superinfer.model.loader import load_model
 
-path, prompt_len, steps, batch_prompt_len = sys.argv[1], *map(int, sys.argv[2:])
+path, prompt_len, steps, batch_prompt_len, batch_size = sys.argv[1], *map(int, sys.argv[2:])
 loaded = load_model(path, torch.bfloat16, "cpu", quantization="auto")
 model = loaded.model
 rss_mb = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
@@ -53,10 +53,10 @@ peak_mb = next(int(line.split()[1]) for line in status if line.startswith("VmHWM
 prompt = [(i * 7919) % 40000 + 100 for i in range(prompt_len)]
 run_once(model, prompt, 4)  # warm-up
 ttft, tpot, tokens = run_once(model, prompt, steps)
-batch = batch_step_ms(model, 32, batch_prompt_len, 8)
+batch = batch_step_ms(model, batch_size, batch_prompt_len, 8)
 print("RESULT " + json.dumps({{"rss_after_load_mb": round(rss_mb), "peak_rss_mb": round(peak_mb),
       "ttft_ms": round(ttft * 1e3, 2), "tpot_ms": round(tpot * 1e3, 3),
-      "batch32_step_ms": round(batch, 2), "tokens": tokens,
+      "batch_step_ms": round(batch, 2), "tokens": tokens,
       "quantized_linears": loaded.checkpoint.num_quantized_linears}}))
 """
 
@@ -66,7 +66,8 @@ def measure(tree: Path, path: Path, args: argparse.Namespace) -> dict:
     script = MEASURE.format(benchmarks=str(REPO / "benchmarks"))
     env = {**os.environ, "PYTHONPATH": str(tree)}
     done = subprocess.run([sys.executable, "-c", script, str(path), str(args.prompt_len),
-                           str(args.decode_steps), str(args.batch_prompt_len)],
+                           str(args.decode_steps), str(args.batch_prompt_len),
+                           str(args.batch_size)],
                           cwd=tree, env=env, capture_output=True, text=True, check=False)  # fmt: skip
     for line in done.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -82,6 +83,7 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--decode-steps", type=int, default=64)
     parser.add_argument("--batch-prompt-len", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=32, help="sequences of the batched step")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", help="write the results as JSON")
     args = parser.parse_args()
@@ -95,7 +97,7 @@ def main() -> None:
                 runs[name].append(measure(trees[name], path, args))
                 print(f"round {i + 1} {name}: " + json.dumps(
                     {k: v for k, v in runs[name][-1].items() if k != "tokens"}), flush=True)  # fmt: skip
-    keys = ("rss_after_load_mb", "peak_rss_mb", "ttft_ms", "tpot_ms", "batch32_step_ms")
+    keys = ("rss_after_load_mb", "peak_rss_mb", "ttft_ms", "tpot_ms", "batch_step_ms")
     summary = {name: {k: statistics.median(r[k] for r in rows) for k in keys}
                for name, rows in runs.items()}  # fmt: skip
     for key in keys:

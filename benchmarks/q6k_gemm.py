@@ -8,8 +8,9 @@ ffn_down (1024 x 3072) and attn_v (1024 x 1024) in 14 layers each.
 
 Seeded random Q6_K values, sc and d. Each measurement is a sweep over every layer of a
 shape (distinct weights, so they stream from memory as in a model's step); rounds
-alternate which kernel goes first; medians over the rounds. The dense weights are the GEMM's
-(the dequantized values rounded to bfloat16), so both compute the same function.
+alternate which kernel goes first; medians over the rounds. The dense weights are the
+dequantized values rounded to bfloat16; the GEMM scales its sums by d sc instead, so the two
+compute the same function up to that rounding.
 """
 
 from __future__ import annotations

@@ -10,10 +10,12 @@ products: on the default model's shapes it beat oneDNN's bfloat16 GEMM from 4 ro
 weight. It computes with the very weights the dense copy held (same bfloat16 rounding),
 so it replaces that copy where it runs.
 
-Q6_K layers (`cpu_gemv.Q6KWeights`, Q6_K's own bits) take the same GEMM (`linear_q6k`):
-each strip is dequantized from those bits into the same scratch, to the weights the
-dequantized file holds, rounded to bfloat16. So a Q4_K_M file's Q6_K layers keep no dense
-copy either, and a Q6_K embedding looks its rows up in them (`q6k_rows`).
+Q6_K layers (`cpu_gemv.Q6KWeights`, Q6_K's own bits) take the same GEMM (`linear_q6k`),
+each strip dequantized from those bits into the scratch: for up to `Q6K_SCALED_MAX_ROWS`
+rows to q - 32 with each 16 inputs' d sc applied to the rows' sums (as the GEMV does),
+beyond to the weights the dequantized file holds, rounded to bfloat16. So a Q4_K_M file's
+Q6_K layers keep no dense copy either, and a Q6_K embedding looks its rows up in them
+(`q6k_rows`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
 _PTR, _INT, _I64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
 STRIP = 32  # output columns per packed strip
 BLOCK = 32  # inputs per (scale, zero): GGUF's block
+Q6K_SCALED_MAX_ROWS = 24  # q4_linear.c's: the most rows whose Q6_K weights are not rounded
 
 
 class Q4Weights:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from superinfer.model.cpu_gemv import gemv_kernel
-from superinfer.model.cpu_q4 import q4_kernel
+from superinfer.model.cpu_q4 import Q6K_SCALED_MAX_ROWS, q4_kernel
 from tests.model.test_cpu_gemv import q6_k_scales, random_q6_k, rows
 
 pytestmark = pytest.mark.skipif(
@@ -26,20 +26,30 @@ def test_the_weights_are_the_dense_copy_bit_for_bit(num_out, num_in) -> None:
     and both signs of d."""
     values, sc, d = random_q6_k(num_out, num_in, seed=num_out)
     weights = gemv_kernel().pack_q6_k(values, sc, d)
-    # one weight per output: no sum to round
-    got = q4_kernel().linear_q6k(torch.eye(num_in, dtype=torch.bfloat16), weights).t()
-    assert torch.equal(got, dequantized(values, sc, d).to(torch.bfloat16))
+    expected = dequantized(values, sc, d).to(torch.bfloat16)
+    # one weight per output: no sum to round, whether the weights are rounded (all the
+    # rows at once) or d sc scales a sum (a few rows at a time)
+    eye = torch.eye(num_in, dtype=torch.bfloat16)
+    assert torch.equal(q4_kernel().linear_q6k(eye, weights).t(), expected)
+    few = Q6K_SCALED_MAX_ROWS
+    got = torch.cat(
+        [q4_kernel().linear_q6k(eye[i : i + few], weights) for i in range(0, num_in, few)]
+    )
+    assert torch.equal(got.t(), expected)
 
 
-@pytest.mark.parametrize("num_rows", [1, 9, 12, 13, 40])
+@pytest.mark.parametrize("num_rows", [1, 9, 13, 24, 25, 40])
 @pytest.mark.parametrize("has_bias", [False, True])
 def test_products_match_a_float64_matmul_of_those_weights(num_rows, has_bias) -> None:
-    num_out, num_in = 53, 512  # a partial strip of 32 columns; 12-row tiles and a rest
+    num_out, num_in = 53, 512  # a partial strip of 32 columns; tiles (6, 12 rows) and a rest
     values, sc, d = random_q6_k(num_out, num_in, seed=num_rows)
     bias = torch.randn(num_out) if has_bias else None
     weights = gemv_kernel().pack_q6_k(values, sc, d, bias)
     x = rows(num_rows, num_in, seed=num_rows)
-    w = dequantized(values, sc, d).to(torch.bfloat16).double()
+    # up to Q6K_SCALED_MAX_ROWS rows the kernel scales sums of x (q - 32) by d sc, as the
+    # GEMV does; beyond, it multiplies by the weights rounded to bfloat16
+    w = dequantized(values, sc, d)
+    w = (w if num_rows <= Q6K_SCALED_MAX_ROWS else w.to(torch.bfloat16)).double()
     reference = x.double() @ w.t() + (0 if bias is None else bias.double())
     y = q4_kernel().linear_q6k(x, weights)
     assert y.shape == (num_rows, num_out) and y.dtype == torch.bfloat16

@@ -95,6 +95,26 @@ static void dequantize_strip(const uint8_t *packed, const uint16_t *sz, int64_t 
         }
 }
 
+/* y[r] (32 columns from col, num_cols of them real) = acc[r] + bias, rounded to bfloat16. */
+static inline __attribute__((always_inline)) void store_rows(
+    __m512 acc[][2], const float *bias, uint16_t *y, int64_t y_stride, int64_t col,
+    int num_cols, const int num_rows) {
+    const __mmask16 mask0 = num_cols >= 16 ? 0xFFFF : (__mmask16)((1u << num_cols) - 1);
+    const __mmask16 mask1 =
+        num_cols >= 32 ? 0xFFFF : num_cols <= 16 ? 0 : (__mmask16)((1u << (num_cols - 16)) - 1);
+    __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
+    if (bias) {
+        b0 = _mm512_maskz_loadu_ps(mask0, bias + col);
+        b1 = _mm512_maskz_loadu_ps(mask1, bias + col + 16);
+    }
+    for (int r = 0; r < num_rows; r++) {
+        uint16_t *out = y + r * y_stride + col;
+        _mm256_mask_storeu_epi16(out, mask0, (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[r][0], b0)));
+        _mm256_mask_storeu_epi16(out + 16, mask1,
+                                 (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[r][1], b1)));
+    }
+}
+
 /* y[r] (32 columns from col, num_cols of them real) for num_rows <= ROW_TILE rows of x. */
 static inline __attribute__((always_inline)) void rows_times_strip(
     const uint32_t *x, int64_t x_stride, const uint32_t *w, int64_t num_pairs,
@@ -112,20 +132,7 @@ static inline __attribute__((always_inline)) void rows_times_strip(
             acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xr, w1);
         }
     }
-    const __mmask16 mask0 = num_cols >= 16 ? 0xFFFF : (__mmask16)((1u << num_cols) - 1);
-    const __mmask16 mask1 =
-        num_cols >= 32 ? 0xFFFF : num_cols <= 16 ? 0 : (__mmask16)((1u << (num_cols - 16)) - 1);
-    __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
-    if (bias) {
-        b0 = _mm512_maskz_loadu_ps(mask0, bias + col);
-        b1 = _mm512_maskz_loadu_ps(mask1, bias + col + 16);
-    }
-    for (int r = 0; r < num_rows; r++) {
-        uint16_t *out = y + r * y_stride + col;
-        _mm256_mask_storeu_epi16(out, mask0, (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[r][0], b0)));
-        _mm256_mask_storeu_epi16(out + 16, mask1,
-                                 (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[r][1], b1)));
-    }
+    store_rows(acc, bias, y, y_stride, col, num_cols, num_rows);
 }
 
 #define ROWS_CASE(n)                                                                       \
@@ -142,26 +149,38 @@ static void tile_rows(const uint32_t *x, int64_t x_stride, const uint32_t *w, in
     }
 }
 
-/* What a GEMM reads: a layer's packed weights and their scales, by the layout's own
- * dequantize_fn, which writes strip s (32 columns) as bfloat16 pairs into a scratch strip. */
+/* What a GEMM reads: a layer's packed weights and their scales, and how its layout runs:
+ * `dequantize` writes strip s (32 columns) into a thread's scratch (bfloat16 pairs, then
+ * `num_scratch_floats` more a pair of inputs), and `rows` runs up to `row_tile` rows of x
+ * against it. */
+struct gguf_weights;
+typedef void (*dequantize_fn)(const struct gguf_weights *weights, int64_t s, uint32_t *w);
+typedef void (*rows_fn)(const uint32_t *x, int64_t x_stride, const uint32_t *w,
+                        int64_t num_pairs, const float *bias, uint16_t *y, int64_t y_stride,
+                        int64_t col, int num_cols, int num_rows);
 struct gguf_weights {
     const uint8_t *packed;
     const void *scales;
     int64_t num_out, num_in;
+    dequantize_fn dequantize;
+    rows_fn rows;
+    int row_tile;
+    int num_scratch_floats;
 };
-typedef void (*dequantize_fn)(const struct gguf_weights *weights, int64_t s, uint32_t *w);
 
 /* y = x @ w.T (+ bias): each thread dequantizes a strip into its scratch buffer, then runs
  * every row of x against it. Returns 0, or -2 when out of memory. */
 static int gemm_by_strips(const void *x, int64_t x_stride, int64_t num_rows,
-                          const struct gguf_weights *weights, dequantize_fn dequantize,
-                          const float *bias, void *y, int num_threads) {
+                          const struct gguf_weights *weights, const float *bias, void *y,
+                          int num_threads) {
     const int64_t num_out = weights->num_out, num_pairs = weights->num_in / 2;
     const int64_t num_strips = (num_out + STRIP - 1) / STRIP;
+    const int tile = weights->row_tile;
+    const size_t scratch = (size_t)num_pairs * (STRIP + weights->num_scratch_floats) * 4;
     int status = 0;
 #pragma omp parallel num_threads(num_threads)
     {
-        uint32_t *w = aligned_alloc(64, (size_t)num_pairs * STRIP * sizeof(uint32_t));
+        uint32_t *w = aligned_alloc(64, scratch);
         if (!w) {
 #pragma omp atomic write
             status = -2;
@@ -169,14 +188,14 @@ static int gemm_by_strips(const void *x, int64_t x_stride, int64_t num_rows,
 #pragma omp for schedule(static)
         for (int64_t s = 0; s < num_strips; s++) {
             if (!w) continue;
-            dequantize(weights, s, w);
+            weights->dequantize(weights, s, w);
             const int64_t col = s * STRIP;
             const int num_cols = num_out - col < STRIP ? (int)(num_out - col) : STRIP;
-            for (int64_t r = 0; r < num_rows; r += ROW_TILE) {
-                const int n = num_rows - r < ROW_TILE ? (int)(num_rows - r) : ROW_TILE;
-                tile_rows((const uint32_t *)((const uint16_t *)x + r * x_stride), x_stride / 2,
-                          w, num_pairs, bias, (uint16_t *)y + r * num_out, num_out, col,
-                          num_cols, n);
+            for (int64_t r = 0; r < num_rows; r += tile) {
+                const int n = num_rows - r < tile ? (int)(num_rows - r) : tile;
+                weights->rows((const uint32_t *)((const uint16_t *)x + r * x_stride),
+                              x_stride / 2, w, num_pairs, bias, (uint16_t *)y + r * num_out,
+                              num_out, col, num_cols, n);
             }
         }
         free(w);
@@ -200,9 +219,9 @@ int q4_linear(const void *x, int64_t x_stride, int64_t num_rows, int64_t num_in,
               int64_t num_out, int num_threads) {
 #ifdef HAVE_BF16_DOT
     if (num_in % BLOCK || x_stride % 2) return -1;
-    const struct gguf_weights weights = {packed, scales_zeros, num_out, num_in};
-    return gemm_by_strips(x, x_stride, num_rows, &weights, dequantize_q4_strip, bias, y,
-                          num_threads);
+    const struct gguf_weights weights = {packed, scales_zeros, num_out, num_in,
+                                         dequantize_q4_strip, tile_rows, ROW_TILE, 0};
+    return gemm_by_strips(x, x_stride, num_rows, &weights, bias, y, num_threads);
 #else
     (void)x, (void)x_stride, (void)num_rows, (void)num_in, (void)packed, (void)scales_zeros;
     (void)bias, (void)y, (void)num_out, (void)num_threads;
@@ -210,39 +229,132 @@ int q4_linear(const void *x, int64_t x_stride, int64_t num_rows, int64_t num_in,
 #endif
 }
 
-/* Q6_K weights (q6k.h) for any number of rows: the 4-bit GEMM above, with each strip of 32
- * columns (two of Q6_K's strips of 16) dequantized from Q6_K's own bits into the same
- * scratch, so a Q6_K layer keeps no dense copy for prefill and batched decode. A weight is
- * the dense copy's to the bit: (d sc) (u - 32) in float (d sc exact, as gguf's dequantizer
- * computes it), rounded to bfloat16 (nearest even). */
+/* Q6_K weights (q6k.h) for any number of rows: the 4-bit GEMM's loop over strips of 32
+ * columns (two of Q6_K's strips of 16), dequantized from Q6_K's own bits into a thread's
+ * scratch, so a Q6_K layer keeps no dense copy for prefill and batched decode. Two ways,
+ * by the rows of the step:
+ *
+ * - up to Q6K_SCALED_MAX_ROWS rows (a batched decode step), a strip holds q - 32 (-32..31,
+ *   exact in bfloat16, one table lookup a word) and, per 16 inputs, the columns' d sc;
+ *   each row sums 16 inputs' products in float and adds that sum times d sc to its total,
+ *   as q6k_gemv does. Dequantizing a weight with a multiply and a rounding costs more than
+ *   these few rows' products with it (benchmarks/q6k_gemm.py: 0.85-0.95x the time at 9-16
+ *   rows);
+ * - beyond, a strip holds the weights, (d sc) (q - 32) in float rounded to bfloat16, and
+ *   runs the 4-bit GEMM's rows: the sums' extra multiply-adds (one per 16 inputs) would
+ *   cost more than the rounding saves.
+ *
+ * d sc is exact in float, as gguf's dequantizer computes it. Through a one-hot input
+ * either way gives the dense copy's weight to the bit: (d sc) (q - 32) rounded to float,
+ * then to bfloat16. */
 #ifdef HAVE_BF16_DOT
-/* The bfloat16 pairs of 16 columns' inputs 2p, 2p + 1, their u in the low 6 bits of each
- * word of `u` (word 2 c + i: column c's input 2 p + i; higher bits ignored), times scale
- * (the columns' d sc), stored at w[column] as q4_linear's scratch holds them. */
-static inline void store_q6k_pairs(__m512i u, __m512 scale, __m512i interleave, uint32_t *w) {
+#define Q6K_SCALED_MAX_ROWS 24 /* cpu_q4.Q6K_SCALED_MAX_ROWS */
+#define Q6K_ROW_TILE 6 /* rows whose totals and 16-input sums (4 x 6 of 32 registers) fit */
+#define Q6K_GROUP_PAIRS 8 /* input pairs under one d sc */
+
+/* y[r] (32 columns from col, num_cols of them real) for num_rows <= Q6K_ROW_TILE rows of x,
+ * against a strip of q - 32 and d sc. */
+static inline __attribute__((always_inline)) void rows_times_scaled_strip(
+    const uint32_t *x, int64_t x_stride, const uint32_t *w, int64_t num_pairs,
+    const float *bias, uint16_t *y, int64_t y_stride, int64_t col, int num_cols,
+    const int num_rows) {
+    const float *scales = (const float *)(w + num_pairs * STRIP);
+    __m512 acc[Q6K_ROW_TILE][2];
+    for (int r = 0; r < num_rows; r++)
+        acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < num_pairs / Q6K_GROUP_PAIRS; g++) {
+        __m512 sum[Q6K_ROW_TILE][2];
+        for (int r = 0; r < num_rows; r++)
+            sum[r][0] = sum[r][1] = _mm512_setzero_ps();
+        for (int64_t p = g * Q6K_GROUP_PAIRS; p < (g + 1) * Q6K_GROUP_PAIRS; p++) {
+            const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w + p * 32);
+            const __m512bh w1 = (__m512bh)_mm512_loadu_si512(w + p * 32 + 16);
+            for (int r = 0; r < num_rows; r++) {
+                const __m512bh xr = (__m512bh)_mm512_set1_epi32((int)x[r * x_stride + p]);
+                sum[r][0] = _mm512_dpbf16_ps(sum[r][0], xr, w0);
+                sum[r][1] = _mm512_dpbf16_ps(sum[r][1], xr, w1);
+            }
+        }
+        const __m512 s0 = _mm512_loadu_ps(scales + g * 32);
+        const __m512 s1 = _mm512_loadu_ps(scales + g * 32 + 16);
+        for (int r = 0; r < num_rows; r++) {
+            acc[r][0] = _mm512_fmadd_ps(sum[r][0], s0, acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(sum[r][1], s1, acc[r][1]);
+        }
+    }
+    store_rows(acc, bias, y, y_stride, col, num_cols, num_rows);
+}
+
+#define SCALED_ROWS_CASE(n)                                                                  \
+    case n:                                                                                  \
+        rows_times_scaled_strip(x, x_stride, w, num_pairs, bias, y, y_stride, col, num_cols, \
+                                n);                                                          \
+        break;
+
+static void tile_scaled_rows(const uint32_t *x, int64_t x_stride, const uint32_t *w,
+                             int64_t num_pairs, const float *bias, uint16_t *y,
+                             int64_t y_stride, int64_t col, int num_cols, int num_rows) {
+    switch (num_rows) {
+        SCALED_ROWS_CASE(1) SCALED_ROWS_CASE(2) SCALED_ROWS_CASE(3)
+        SCALED_ROWS_CASE(4) SCALED_ROWS_CASE(5) SCALED_ROWS_CASE(6)
+    }
+}
+
+/* The lookups and permutation a strip's words go through (q6k_pairs gives them as words,
+ * word 2 c + i: column c's input 2 k + i, where the scratch wants them). */
+struct q6k_tables {
+    __m512i low, high; /* q - 32 as bfloat16 for u = 0..31, 32..63 (exact: 6-bit integers) */
+    __m512i interleave; /* as dequantize_strip's: lane j gets word j, then word 16 + j */
+};
+
+static void make_q6k_tables(struct q6k_tables *t) {
+    uint16_t values[64], order[32];
+    for (int i = 0; i < 64; i++) {
+        const float v = (float)(i - 32);
+        uint32_t bits;
+        __builtin_memcpy(&bits, &v, 4);
+        values[i] = (uint16_t)(bits >> 16);
+    }
+    for (int i = 0; i < 16; i++) order[2 * i] = (uint16_t)i, order[2 * i + 1] = (uint16_t)(16 + i);
+    t->low = _mm512_loadu_si512(values), t->high = _mm512_loadu_si512(values + 32);
+    t->interleave = _mm512_loadu_si512(order);
+}
+
+/* 16 columns' inputs 2p, 2p + 1 (u in the low 6 bits of each word of `u`, higher bits
+ * ignored) as bfloat16 pairs at w[column]: q - 32 by vpermt2w's lookup of those 6 bits,
+ * or, when `scale` (the columns' d sc) is given, (d sc) (q - 32) rounded. */
+static inline __attribute__((always_inline)) void store_q6k_pairs(
+    __m512i u, const __m512 *scale, const struct q6k_tables *t, uint32_t *w) {
+    if (!scale) {
+        _mm512_storeu_si512(w, _mm512_permutex2var_epi16(t->low, u, t->high));
+        return;
+    }
     const __m512i six = _mm512_set1_epi32(0x3F);
     const __m512 offset = _mm512_set1_ps(32.f);
     const __m512 lo = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_and_si512(u, six)), offset);
     const __m512 hi = _mm512_sub_ps(
         _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(u, 16), six)), offset);
-    const __m512i halves = (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(hi, scale),
-                                                         _mm512_mul_ps(lo, scale));
-    _mm512_storeu_si512(w, _mm512_permutexvar_epi16(interleave, halves));
+    const __m512i halves = (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(hi, *scale),
+                                                         _mm512_mul_ps(lo, *scale));
+    _mm512_storeu_si512(w, _mm512_permutexvar_epi16(t->interleave, halves));
 }
 
-/* One Q6_K strip (16 columns) into half h of a scratch strip, [input pair][half][column]. */
-static void dequantize_q6k_strip(const uint8_t *record, const float *d, int64_t num_blocks,
-                                 int h, uint32_t *w) {
-    uint16_t order[32]; /* as dequantize_strip's: lane j gets word j, then word 16 + j */
-    for (int i = 0; i < 16; i++) order[2 * i] = (uint16_t)i, order[2 * i + 1] = (uint16_t)(16 + i);
-    const __m512i interleave = _mm512_loadu_si512(order);
+/* One Q6_K strip (16 columns) into half h of a scratch strip, [input pair][half][column]:
+ * the weights rounded, or (`scales` given) q - 32, and d sc at scales[16 inputs][half]. */
+static inline __attribute__((always_inline)) void dequantize_q6k_strip(
+    const uint8_t *record, const float *d, int64_t num_blocks, int h, uint32_t *w,
+    float *scales) {
+    struct q6k_tables t;
+    make_q6k_tables(&t);
     __m512 dv = _mm512_setzero_ps();
     for (int64_t b = 0; b < num_blocks; b++, record += Q6K_RECORD) {
         if (b % Q6K_SUPER == 0) dv = _mm512_loadu_ps(d + (b / Q6K_SUPER) * Q6K_STRIP);
         __m512 scale[2];
-        for (int half = 0; half < 2; half++)
+        for (int half = 0; half < 2; half++) {
             scale[half] = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
                 _mm_loadu_si128((const __m128i *)(record + 384 + 16 * half)))));
+            if (scales) _mm512_storeu_ps(scales + (b * 2 + half) * 32 + h * 16, scale[half]);
+        }
         for (int m = 0; m < 4; m++) {
             const __m512i high = _mm512_cvtepu8_epi16(
                 _mm256_loadu_si256((const __m256i *)(record + 256 + 32 * m)));
@@ -250,27 +362,43 @@ static void dequantize_q6k_strip(const uint8_t *record, const float *d, int64_t 
                 const int k = m + 4 * s; /* pairs k and k + 8 */
                 __m512i u0, u1;
                 q6k_pairs(record, high, m, s, &u0, &u1);
-                store_q6k_pairs(u0, scale[0], interleave, w + ((b * 16 + k) * 2 + h) * 16);
-                store_q6k_pairs(u1, scale[1], interleave, w + ((b * 16 + k + 8) * 2 + h) * 16);
+                store_q6k_pairs(u0, scales ? 0 : &scale[0], &t, w + ((b * 16 + k) * 2 + h) * 16);
+                store_q6k_pairs(u1, scales ? 0 : &scale[1], &t,
+                                w + ((b * 16 + k + 8) * 2 + h) * 16);
             }
         }
     }
 }
 
-/* Strip s of a GEMM: Q6_K's strips 2 s and 2 s + 1 (zero weights past the last one). */
-static void dequantize_q6k_strips(const struct gguf_weights *weights, int64_t s, uint32_t *w) {
+/* Strip s of a GEMM: Q6_K's strips 2 s and 2 s + 1 (zero weights, and scales, past the
+ * last one: a scale left unwritten could be a NaN). */
+static inline __attribute__((always_inline)) void dequantize_q6k_strips(
+    const struct gguf_weights *weights, int64_t s, uint32_t *w, int is_scaled) {
     const int64_t num_blocks = weights->num_in / BLOCK, num_supers = num_blocks / Q6K_SUPER;
+    const int64_t num_pairs = weights->num_in / 2;
     const int64_t num_q6k_strips = (weights->num_out + Q6K_STRIP - 1) / Q6K_STRIP;
+    float *scales = is_scaled ? (float *)(w + num_pairs * STRIP) : 0;
     for (int h = 0; h < 2; h++) {
         const int64_t t = 2 * s + h; /* the Q6_K strip in this half */
-        if (t < num_q6k_strips)
+        if (t < num_q6k_strips) {
             dequantize_q6k_strip(weights->packed + t * num_blocks * Q6K_RECORD,
                                  (const float *)weights->scales + t * num_supers * Q6K_STRIP,
-                                 num_blocks, h, w);
-        else
-            for (int64_t p = 0; p < weights->num_in / 2; p++)
-                _mm512_storeu_si512(w + (p * 2 + h) * 16, _mm512_setzero_si512());
+                                 num_blocks, h, w, scales);
+            continue;
+        }
+        for (int64_t p = 0; p < num_pairs; p++)
+            _mm512_storeu_si512(w + (p * 2 + h) * 16, _mm512_setzero_si512());
+        for (int64_t g = 0; scales && g < num_pairs / Q6K_GROUP_PAIRS; g++)
+            _mm512_storeu_ps(scales + g * 32 + h * 16, _mm512_setzero_ps());
     }
+}
+
+static void dequantize_q6k_rounded(const struct gguf_weights *weights, int64_t s, uint32_t *w) {
+    dequantize_q6k_strips(weights, s, w, 0);
+}
+
+static void dequantize_q6k_scaled(const struct gguf_weights *weights, int64_t s, uint32_t *w) {
+    dequantize_q6k_strips(weights, s, w, 1);
 }
 #endif
 
@@ -283,8 +411,13 @@ int q6k_linear(const void *x, int64_t x_stride, int64_t num_rows, int64_t num_in
                int64_t num_out, int num_threads) {
 #ifdef HAVE_BF16_DOT
     if (num_in % (BLOCK * Q6K_SUPER) || x_stride % 2) return -1;
-    const struct gguf_weights weights = {packed, d, num_out, num_in};
-    return gemm_by_strips(x, x_stride, num_rows, &weights, dequantize_q6k_strips, bias, y,
+    /* the scaled scratch's d sc: a float per column (32) and 16 inputs, 4 per pair */
+    const struct gguf_weights scaled = {packed, d, num_out, num_in, dequantize_q6k_scaled,
+                                        tile_scaled_rows, Q6K_ROW_TILE, 32 / Q6K_GROUP_PAIRS};
+    const struct gguf_weights rounded = {packed, d, num_out, num_in, dequantize_q6k_rounded,
+                                         tile_rows, ROW_TILE, 0};
+    return gemm_by_strips(x, x_stride, num_rows,
+                          num_rows <= Q6K_SCALED_MAX_ROWS ? &scaled : &rounded, bias, y,
                           num_threads);
 #else
     (void)x, (void)x_stride, (void)num_rows, (void)num_in, (void)packed, (void)d;
