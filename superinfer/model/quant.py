@@ -647,9 +647,12 @@ def swap_q6_k_linears(
 ) -> list[str]:
     """Swap each linear layer named in `values` for a Q6KLinear over its parts' Q6_K values,
     sc and d (`q6_k_parts`; concatenated and reordered as `swap_int4_linears` does) that
-    runs steps of up to `max_gemv_rows` rows (lm_head: LM_HEAD_GEMV_MAX_ROWS, as for Q8_0)
-    on `kernel` and larger ones on `cpu_q4`'s GEMM; returns the names swapped. The dense
-    layer goes (a tied embedding keeps its own until `quantize_embedding`)."""
+    runs steps of up to `max_gemv_rows` rows on `kernel` and larger ones on `cpu_q4`'s GEMM;
+    returns the names swapped. The dense layer goes (a tied embedding keeps its own until
+    `quantize_embedding`). lm_head too takes the GEMV up to `max_gemv_rows`, not
+    LM_HEAD_GEMV_MAX_ROWS: what it would run instead is the Q6_K GEMM, not a dense copy, and
+    on Qwen3-0.6B's head the GEMV takes 0.81-0.83x its time at 5-8 rows
+    (docs/results/models/q6k_scaled_1206/)."""
     head_dim = model.config.head_dim
     swapped = []
     for name, parts in values.items():
@@ -658,9 +661,8 @@ def swap_q6_k_linears(
             continue
         parts = rope_ordered(name, parts, interleaved_qk, lambda p: _interleave(p, head_dim))
         q, sc, d = (torch.cat([p[i] for p in parts]) for i in range(3))
-        rows = min(max_gemv_rows, LM_HEAD_GEMV_MAX_ROWS) if name == "lm_head" else max_gemv_rows
         weights = kernel.pack_q6_k(q, sc, d, linear.bias)
-        layer = Q6KLinear(kernel, q4_kernel(), weights, rows)
+        layer = Q6KLinear(kernel, q4_kernel(), weights, max_gemv_rows)
         replace_module(model, name, layer)
         swapped.append(name)
     return swapped

@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Co
 
 from superinfer.model.cpu_gemv import MAX_ROWS as GEMV_MAX_ROWS
 from superinfer.model.cpu_gemv import gemv_kernel
-from superinfer.model.cpu_q4 import q4_kernel
+from superinfer.model.cpu_q4 import Q6K_SCALED_MAX_ROWS, q4_kernel
 from superinfer.model.cpu_w4a8 import w4a8_kernel
 from superinfer.model.gguf_embedding import GGUFEmbedding
 from superinfer.model.loader import load_gguf_model
@@ -330,19 +330,21 @@ def q4_k_m_file(tmp_path_factory):
 def _assert_q6_k_layer_matches_the_dense_one(layer: Q6KLinear, dense: nn.Linear,
                                              seed: int) -> None:  # fmt: skip
     """`layer` against `dense`, the same layer of the dequantized file (bfloat16 weights).
-    Up to max_gemv_rows rows, the GEMV of the exact weights, rounded once (the dense weights
-    are each rounded: at most 2^-9 of |w x| a product); more rows, the GEMM of those very
-    bfloat16 weights, whose sums only run in another order."""
+    Up to max_gemv_rows rows the GEMV, and up to Q6K_SCALED_MAX_ROWS the GEMM, of the exact
+    weights, rounded once (the dense weights are each rounded: at most 2^-9 of |w x| a
+    product); more rows, the GEMM of those very bfloat16 weights, whose sums only run in
+    another order."""
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(layer.max_gemv_rows + 13, layer.in_features, generator=g).to(torch.bfloat16)
-    small = x[: layer.max_gemv_rows]
+    x = torch.randn(Q6K_SCALED_MAX_ROWS + 13, layer.in_features, generator=g).to(torch.bfloat16)
     with torch.inference_mode():
-        got, expected = layer(small).float(), dense(small).float()
+        for rows in (layer.max_gemv_rows, Q6K_SCALED_MAX_ROWS):
+            got, expected = layer(x[:rows]).float(), dense(x[:rows]).float()
+            bound = (x[:rows].float().abs() @ dense.weight.float().abs().t()) * 2**-8
+            assert got.shape == expected.shape
+            assert ((got - expected).abs() <= bound + expected.abs() * 2**-7 + 1e-6).all()
+            assert (got != expected).any()  # it ran on the exact weights
         large, large_expected = layer(x).float(), dense(x).float()
-    bound = (small.float().abs() @ dense.weight.float().abs().t()) * 2**-8
-    assert layer.gemv is not None and got.shape == expected.shape
-    assert ((got - expected).abs() <= bound + expected.abs() * 2**-7 + 1e-6).all()
-    assert (got != expected).any()  # the GEMV ran on the exact weights
+    assert layer.gemv is not None
     sums = (x.float().abs() @ dense.weight.float().abs().t()) * 2**-16
     assert ((large - large_expected).abs() <= sums + large_expected.abs() * 2**-7 + 1e-6).all()
 
@@ -355,8 +357,8 @@ def test_q4_k_m_file_runs_its_q6_k_layers_on_the_gemv(q4_k_m_file) -> None:
     layers stay dense."""
     auto, info = load_gguf_model(str(q4_k_m_file), torch.bfloat16, CPU, "auto")
     assert info.num_quantized_linears == 4 * TINY["num_hidden_layers"] + 1
-    assert isinstance(auto.lm_head, Q6KLinear) and auto.lm_head.max_gemv_rows == (
-        LM_HEAD_GEMV_MAX_ROWS)  # fmt: skip
+    # a Q6_K head's GEMV beats the Q6_K GEMM up to 8 rows (a Q8_0 head's, the dense one: 4)
+    assert isinstance(auto.lm_head, Q6KLinear) and auto.lm_head.max_gemv_rows == GEMV_MAX_ROWS
     layers = auto.model.layers
     assert isinstance(layers[1].mlp.down_proj, Q6KLinear)
     assert layers[1].mlp.down_proj.max_gemv_rows == GEMV_MAX_ROWS

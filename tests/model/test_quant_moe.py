@@ -169,7 +169,9 @@ def _assert_same_or_near_tie(got: list[int], expected: list[int], logits: Sequen
 # near-tie at step 4 of the tiny Qwen3-MoE
 GREEDY_CASES = [(name, qtype, 4 if (name, qtype) == ("qwen3moe", Q8_0) else 12)
                 for name in ("qwen3moe", "mixtral") for qtype in (Q4_0, Q4_1, Q8_0)]  # fmt: skip
-GREEDY_CASES += [("qwen3moe-256", Q6_K, 12), ("qwen3moe-256", Q4_K_M, 12)]
+# the Q4_K_M one parts on a near-tie at step 3 since its Q6_K experts' GEMM multiplies by
+# the exact weights up to 24 rows (q4_linear.c), as the GEMV does, not by bfloat16 ones
+GREEDY_CASES += [("qwen3moe-256", Q6_K, 12), ("qwen3moe-256", Q4_K_M, 3)]
 
 
 @pytest.mark.parametrize(("name", "qtype", "min_same"), GREEDY_CASES, ids=_id)

@@ -16,7 +16,7 @@ from transformers import AutoTokenizer, LlamaConfig, Qwen2Config, Qwen3Config
 from superinfer.model.cpu_gemv import MAX_ROWS as GEMV_MAX_ROWS
 from superinfer.model.cpu_gemv import gemv_kernel
 from superinfer.model.cpu_linear import pack_linears
-from superinfer.model.cpu_q4 import q4_kernel
+from superinfer.model.cpu_q4 import Q6K_SCALED_MAX_ROWS, q4_kernel
 from superinfer.model.cpu_w4a8 import w4a8_kernel
 from superinfer.model.loader import load_gguf_model
 from superinfer.model.quant import int4_kernel_available
@@ -99,18 +99,20 @@ def _assert_steps_match_the_gemm_weights(layer: MixedLinear, seed: int) -> None:
     by each weight as float32 (4-bit parts: (q - 8) s + z with s, z in bfloat16; Q6_K:
     d sc q), not that weight rounded to bfloat16 (at most 2^-9 of it), and rounds its output
     to bfloat16: per output, |gemv - exact| <= 2^-9 sum |x w| + 2^-9 |exact| to first
-    order; asserted with twice that. Rows are computed on their own. More rows run the GEMM
-    of those very weights: float sums in another order, then one rounding."""
+    order; asserted with twice that. Rows are computed on their own. More rows run the
+    GEMMs: a Q6_K part's, up to Q6K_SCALED_MAX_ROWS rows, on the exact weights too (that
+    bound); beyond, and a 4-bit part's, on those very bfloat16 weights: float sums in
+    another order, then one rounding."""
     g = torch.Generator().manual_seed(seed)
     weight, bias = _gemm_weights(layer)
     w = weight.double()
     differ = False
     with torch.inference_mode():
-        for num_rows in list(range(1, GEMV_MAX_ROWS + 1)) + [GEMV_MAX_ROWS + 1, 21]:
+        for num_rows in [*range(1, GEMV_MAX_ROWS + 1), GEMV_MAX_ROWS + 1, 21, 25, 40]:
             x = torch.randn(num_rows, layer.in_features, generator=g).to(torch.bfloat16)
             got = layer(x).double()
             exact = x.double() @ w.t() + (0 if bias is None else bias.double())
-            scale = 2**-8 if num_rows <= GEMV_MAX_ROWS else 2**-16
+            scale = 2**-8 if num_rows <= Q6K_SCALED_MAX_ROWS else 2**-16
             bound = (x.double().abs() @ w.abs().t()) * scale + exact.abs() * 2**-8 + 1e-6
             assert got.shape == exact.shape and ((got - exact).abs() <= bound).all()
             if num_rows <= GEMV_MAX_ROWS:
