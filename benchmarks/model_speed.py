@@ -144,9 +144,10 @@ def worker_main(kind: str, spec: dict) -> None:
             total, _ = timed(worker, [job["prompts"][1]], [job["n"] + 1])
             reply({"ttft_s": ttft, "tpot_s": (total - ttft) / job["n"]})
         elif job["op"] == "rss":
-            import resource
-
-            reply({"ru_maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+            # VmHWM, this process's own peak: ru_maxrss keeps the parent's across fork and exec
+            status = Path("/proc/self/status").read_text().splitlines()
+            reply({"peak_rss_mb": next(int(line.split()[1]) for line in status
+                                       if line.startswith("VmHWM")) / 1024})  # fmt: skip
         elif job["op"] == "throughput":
             seconds, count = timed(worker, job["prompts"], job["num_new"])
             reply({"seconds": seconds, "output_tokens": count, "tok_s": count / seconds})
@@ -572,7 +573,7 @@ def run_row(args: argparse.Namespace, row: dict, logs: Path, batches) -> dict:
                                                  ("vllm", "superinfer-base"))
         for name, worker in workers.items():
             result["workers"][name]["rss_mb_after"] = rss_tree_mb(worker.process.pid)
-            result["workers"][name]["ru_maxrss_mb"] = worker.ask({"op": "rss"})["ru_maxrss_mb"]
+            result["workers"][name]["peak_rss_mb"] = worker.ask({"op": "rss"})["peak_rss_mb"]
     finally:
         for worker in workers.values():
             worker.close()
