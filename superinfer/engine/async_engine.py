@@ -341,11 +341,21 @@ class AsyncEngine:
         """The engine's step observer: the step-time metric reads its wall time."""
         self._last_step = record
 
-    def step_in_flight_s(self) -> float:
-        """Seconds the step now running has run (0 between steps): admission counts the
-        rest of it before a newcomer's first token."""
+    def step_left_s(self) -> float:
+        """Seconds until the step now running ends (0 between steps), which admission counts
+        before a newcomer's first token: what its forward's shape costs at the learned rates
+        (`PrefillCost.step_s`: its decodes' step, its prompt tokens and pairs), less what it
+        has run; the mean step's rest while no forward runs in it. A prefill step can take
+        ten mean steps: the mean alone left a request arriving early in one hundreds of
+        milliseconds short (docs/results/slo_promise/step_left_1206/)."""
         started = self._step_started
-        return 0.0 if started is None else max(0.0, self.engine.clock() - started)
+        if started is None:
+            return 0.0
+        elapsed_s = max(0.0, self.engine.clock() - started)
+        shape, snapshot = self.engine.forward_in_flight(), self.snapshot
+        if shape is None:
+            return max(0.0, snapshot.step_time_s - elapsed_s)
+        return max(0.0, self._prefill_cost.step_s(shape, snapshot.decode_step_s) - elapsed_s)
 
     def _step(self) -> None:
         self._last_step = None

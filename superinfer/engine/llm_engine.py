@@ -123,6 +123,9 @@ class _TimedRunner(StepBackend):
 
     def __init__(self, runner: ModelRunner, clock: Callable[[], float]) -> None:
         self.runner, self.clock = runner, clock
+        # the last forward started; in flight until its end is stamped (read by other
+        # threads: one reference, replaced whole)
+        self.running: _Forward | None = None
         self.begin()
 
     def begin(self) -> None:
@@ -136,10 +139,13 @@ class _TimedRunner(StepBackend):
 
     def execute(self, output: SchedulerOutput) -> tuple[ModelOutput, float]:
         start = time.perf_counter()
+        forward = None if output.is_empty else _Forward(output, start)
+        self.running = forward
         model_output = self._kept(self.runner.execute(output))
-        if not output.is_empty:
-            self.launched = self.ended = _Forward(output, start, time.perf_counter())
-            self.blocked_s = self.ended.end - start
+        if forward is not None:
+            forward.finish()
+            self.launched = self.ended = forward
+            self.blocked_s = forward.end - start
         return model_output, self.clock()
 
     def launch(self, output: SchedulerOutput) -> tuple[Future[ModelOutput], _Forward | None]:
@@ -147,7 +153,7 @@ class _TimedRunner(StepBackend):
         future = self.runner.launch(output)
         forward = None
         if not output.is_empty:  # its end is stamped on the runner's thread
-            forward = self.launched = _Forward(output, start)
+            forward = self.launched = self.running = _Forward(output, start)
             future.add_done_callback(forward.finish)
         return future, forward
 
@@ -407,6 +413,12 @@ class LLMEngine:
         return lambda: self._step_observers.remove(observer)
 
     # --- state, for the server, warm-up and tests ----------------------------------------
+    def forward_in_flight(self) -> BatchShape | None:
+        """The shape of the forward running now; None between forwards. Safe to call from
+        another thread than the engine's."""
+        forward = self._timed.running
+        return None if forward is None or forward.end is not None else BatchShape.of(forward.batch)
+
     def snapshot(self) -> EngineSnapshot:
         """The load picture now, as plain data (step time and the served token counts are
         the async engine's to add)."""

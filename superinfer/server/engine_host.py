@@ -183,7 +183,7 @@ class EngineHost:
             decode_step_s=snapshot.decode_step_s if is_busy else self.warmup_step_time_s,
             now=time.monotonic(), num_device_blocks=snapshot.num_device_blocks,
             decode_row_s=snapshot.decode_row_s,
-            step_left_s=max(0.0, step_time - self.engine.step_in_flight_s()) if is_busy else 0.0,
+            step_left_s=self.engine.step_left_s() if is_busy else 0.0,
         )  # fmt: skip
 
     def admit(

@@ -537,6 +537,14 @@ class PrefillCost:
         decode_s = decode_step_s if shape.num_decode_tokens else 0.0
         self.observe(shape.num_prefill_tokens, shape.num_prefill_pairs, step_s - decode_s)
 
+    def step_s(self, shape: BatchShape, decode_step_s: float) -> float:
+        """The time of a step of `shape` at these costs (`observe_step`'s inverse): its
+        decodes' part, `decode_step_s` (none when it has none), and its prompt tokens' and
+        attention pairs'."""
+        decode_s = decode_step_s if shape.num_decode_tokens else 0.0
+        return (decode_s + shape.num_prefill_tokens * self.per_token_s
+                + shape.num_prefill_pairs * self.per_pair_s)  # fmt: skip
+
 
 def _fit_two(samples: Sequence[tuple[float, float, float]]) -> tuple[float, float]:
     """(a, b) >= 0 minimizing the sum of (a x + b y - t)^2 over (x, y, t)."""

@@ -22,7 +22,7 @@ def host_over(snapshot: EngineSnapshot, tmp_path) -> EngineHost:
     host = EngineHost(ServerConfig(), EngineConfig(), SLOLog(tmp_path / "slo.jsonl"),
                       ServerMetrics("m", None), RateLimitedLog(logging.getLogger(__name__)))  # fmt: skip
     host.engine = SimpleNamespace(snapshot=snapshot, queued=lambda: (),
-                                  step_in_flight_s=lambda: 0.0)  # fmt: skip
+                                  step_left_s=lambda: 0.0)  # fmt: skip
     host.warmup_prefill_s_per_token = 0.5e-3
     return host
 

@@ -456,3 +456,16 @@ def test_kv_holds_end_each_request_when_its_kept_promise_does():
     assert finishes[:3] == pytest.approx([3.0, 2.0, 0.4 + 10 * 0.2])
     assert finishes[3] == float("inf")
     assert finishes[4] == pytest.approx(1.0 + 19 * 0.2)
+
+
+def test_a_steps_time_at_the_learned_costs_inverts_what_it_learned():
+    """`step_s` prices a step as `observe_step` took it apart: its decodes' step (none
+    without decodes), then its prompt tokens and pairs."""
+    cost = PrefillCost(min_samples=1, min_tokens=1)
+    mixed = BatchShape.of_lists([100, 1, 1], [0, 50, 50])
+    cost.observe_step(mixed, 0.15, decode_step_s=0.05)
+    assert cost.step_s(mixed, decode_step_s=0.05) == pytest.approx(0.15)
+    prefill_only = BatchShape.of_lists([100], [0])
+    assert cost.step_s(prefill_only, decode_step_s=0.05) == pytest.approx(0.10)
+    decodes = BatchShape.of_lists([1, 1], [50, 50])
+    assert cost.step_s(decodes, decode_step_s=0.05) == 0.05
