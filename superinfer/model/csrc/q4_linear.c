@@ -115,15 +115,12 @@ static inline __attribute__((always_inline)) void store_rows(
     }
 }
 
-/* y[r] (32 columns from col, num_cols of them real) for num_rows <= ROW_TILE rows of x. */
-static inline __attribute__((always_inline)) void rows_times_strip(
-    const uint32_t *x, int64_t x_stride, const uint32_t *w, int64_t num_pairs,
-    const float *bias, uint16_t *y, int64_t y_stride, int64_t col, int num_cols,
-    const int num_rows) {
-    __m512 acc[ROW_TILE][2];
-    for (int r = 0; r < num_rows; r++)
-        acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-    for (int64_t p = 0; p < num_pairs; p++) {
+/* acc[r] += the products of rows r of x with the strip's input pairs [begin, end), for
+ * num_rows rows (2 x 16 float sums each, in registers). */
+static inline __attribute__((always_inline)) void add_pairs(
+    __m512 acc[][2], const uint32_t *x, int64_t x_stride, const uint32_t *w, int64_t begin,
+    int64_t end, const int num_rows) {
+    for (int64_t p = begin; p < end; p++) {
         const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w + p * 32);
         const __m512bh w1 = (__m512bh)_mm512_loadu_si512(w + p * 32 + 16);
         for (int r = 0; r < num_rows; r++) {
@@ -132,6 +129,17 @@ static inline __attribute__((always_inline)) void rows_times_strip(
             acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xr, w1);
         }
     }
+}
+
+/* y[r] (32 columns from col, num_cols of them real) for num_rows <= ROW_TILE rows of x. */
+static inline __attribute__((always_inline)) void rows_times_strip(
+    const uint32_t *x, int64_t x_stride, const uint32_t *w, int64_t num_pairs,
+    const float *bias, uint16_t *y, int64_t y_stride, int64_t col, int num_cols,
+    const int num_rows) {
+    __m512 acc[ROW_TILE][2];
+    for (int r = 0; r < num_rows; r++)
+        acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    add_pairs(acc, x, x_stride, w, 0, num_pairs, num_rows);
     store_rows(acc, bias, y, y_stride, col, num_cols, num_rows);
 }
 
@@ -266,15 +274,7 @@ static inline __attribute__((always_inline)) void rows_times_scaled_strip(
         __m512 sum[Q6K_ROW_TILE][2];
         for (int r = 0; r < num_rows; r++)
             sum[r][0] = sum[r][1] = _mm512_setzero_ps();
-        for (int64_t p = g * Q6K_GROUP_PAIRS; p < (g + 1) * Q6K_GROUP_PAIRS; p++) {
-            const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w + p * 32);
-            const __m512bh w1 = (__m512bh)_mm512_loadu_si512(w + p * 32 + 16);
-            for (int r = 0; r < num_rows; r++) {
-                const __m512bh xr = (__m512bh)_mm512_set1_epi32((int)x[r * x_stride + p]);
-                sum[r][0] = _mm512_dpbf16_ps(sum[r][0], xr, w0);
-                sum[r][1] = _mm512_dpbf16_ps(sum[r][1], xr, w1);
-            }
-        }
+        add_pairs(sum, x, x_stride, w, g * Q6K_GROUP_PAIRS, (g + 1) * Q6K_GROUP_PAIRS, num_rows);
         const __m512 s0 = _mm512_loadu_ps(scales + g * 32);
         const __m512 s1 = _mm512_loadu_ps(scales + g * 32 + 16);
         for (int r = 0; r < num_rows; r++) {
