@@ -19,16 +19,17 @@ def _is_glibc() -> bool:
 
 
 @pytest.mark.skipif(not _is_glibc(), reason="glibc only")
-def test_the_arena_cap_applies_unless_the_environment_sets_one(monkeypatch) -> None:
-    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
-    assert native_memory.limit_malloc_arenas()
-    monkeypatch.setenv("MALLOC_ARENA_MAX", "8")
-    assert not native_memory.limit_malloc_arenas()
-
-
-@pytest.mark.skipif(not _is_glibc(), reason="glibc only")
-def test_the_mmap_threshold_rises_unless_the_environment_sets_one(monkeypatch) -> None:
-    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
-    assert native_memory.raise_mmap_threshold()
-    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
-    assert not native_memory.raise_mmap_threshold()
+@pytest.mark.parametrize(
+    ("setting", "variable", "value"),
+    [
+        (native_memory.limit_malloc_arenas, "MALLOC_ARENA_MAX", "8"),
+        (native_memory.raise_mmap_threshold, "MALLOC_MMAP_THRESHOLD_", "131072"),
+    ],
+)
+def test_a_malloc_setting_applies_unless_the_environment_sets_it(
+    setting, variable, value, monkeypatch
+) -> None:
+    monkeypatch.delenv(variable, raising=False)
+    assert setting()
+    monkeypatch.setenv(variable, value)
+    assert not setting()
