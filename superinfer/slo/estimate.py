@@ -79,7 +79,8 @@ KV_HEADROOM_PER_CLASS = 0.1
 # parked KV filled it, the guard held newcomers in the queue for seconds and rotation
 # stalled (docs/results/slo_promise/gold_1205/, uniform load at 3x, 3 interleaved pairs:
 # precision 94.7% -> 99.3%, goodput +20%). 0.75 lowered refusal cost but brought the
-# stalls back under heavier load (uniform 3x: precision 95-98%, goodput -19%; .../host_commit_1206/).
+# stalls back under heavier load (docs/results/slo_promise/host_commit_1206/, uniform 3x:
+# precision 95-98%, goodput -19%).
 HOST_COMMIT_SHARE = 0.5
 _POOLED = object()  # the correction's key for all classes together
 
