@@ -1,7 +1,7 @@
 """Which kernel is fastest, by rows in a step: the default model's linear layers, int4
 (`aten._weight_int4pack_mm_for_cpu` on the GGUF blocks), the few-row GEMV (`cpu_gemv`, up
 to 8 rows, the same blocks; lm_head's Q8_0 too), the 4-bit GEMM (`cpu_q4`, the same
-blocks) and a dense bfloat16 copy (oneDNN, prepacked): what `--quantization auto` chooses
+blocks; where it runs on AMX, also `q4-avx512`: its rows on AVX-512 as elsewhere) and a dense bfloat16 copy (oneDNN, prepacked): what `--quantization auto` chooses
 between (the 4-bit GEMM takes the 4-bit layers, not lm_head's Q8_0); and, where it runs,
 `w4a8`: `--quantization gguf-w4a8`'s GEMM on 8-bit activations (`cpu_w4a8`, the 4-bit
 layers and lm_head's Q8_0 alike).
@@ -31,9 +31,10 @@ import torch
 from superinfer.model.cpu_gemv import MAX_ROWS as GEMV_MAX_ROWS
 from superinfer.model.cpu_gemv import gemv_kernel
 from superinfer.model.cpu_linear import pack_linears
+from superinfer.model.cpu_q4 import Q4Kernel, Q4Weights, q4_kernel
 from superinfer.model.cpu_w4a8 import w4a8_kernel
 from superinfer.model.loader import AUTO_MAX_INT4_ROWS, default_model_path, load_gguf_model
-from superinfer.model.quant import LM_HEAD_MAX_INT4_ROWS, Int4Linear
+from superinfer.model.quant import AMX_GEMV_MAX_ROWS, LM_HEAD_MAX_INT4_ROWS, Int4Linear
 
 KINDS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 
@@ -45,6 +46,15 @@ def sweep_ms(layers: list, num_in: int, num_rows: int) -> float:
     for layer in layers:
         layer(x)
     return (time.perf_counter() - start) * 1e3
+
+
+def on_avx512(kernel: Q4Kernel, weights: Q4Weights, x: torch.Tensor) -> torch.Tensor:
+    """`weights(x)` with the 4-bit GEMM's rows on AVX-512, not AMX."""
+    kernel.use_amx(False)
+    try:
+        return weights(x)
+    finally:
+        kernel.use_amx(True)
 
 
 def main() -> None:
@@ -72,6 +82,10 @@ def main() -> None:
     for kernel in ("q4", "w4a8") if "w4a8" in groups else ("q4",):
         groups[kernel] = {kind: [m.q4 for m in layers] for kind, layers in groups[kernel].items()
                           if all(isinstance(m, Int4Linear) and m.q4 for m in layers)}  # fmt: skip
+    q4 = q4_kernel()
+    if q4 is not None and q4.use_amx():  # the same GEMM with its rows on AVX-512
+        groups["q4-avx512"] = {kind: [functools.partial(on_avx512, q4, w) for w in layers]
+                               for kind, layers in groups["q4"].items()}  # fmt: skip
     kernels = tuple(groups)
     results = []
     with torch.inference_mode():
@@ -99,16 +113,16 @@ def main() -> None:
             print(
                 f"{num_rows:4d} rows   layers: {layers} ({fastest})   lm_head: {head}", flush=True
             )
+    gemv_rows = AMX_GEMV_MAX_ROWS if q4 is not None and q4.use_amx() else AUTO_MAX_INT4_ROWS
     print(
         f"auto: the GEMV (int4 where it cannot run; lm_head then up to {LM_HEAD_MAX_INT4_ROWS})"
-        f" up to {AUTO_MAX_INT4_ROWS} rows, then the 4-bit GEMM (a dense copy where it cannot "
-        "run)"
+        f" up to {gemv_rows} rows, then the 4-bit GEMM (a dense copy where it cannot run)"
     )
     if args.out:
         out = {"command": "benchmarks/int4_rows.py " + " ".join(
                    f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None),
                "threads": torch.get_num_threads(), "torch": torch.__version__,
-               "auto_max_int4_rows": AUTO_MAX_INT4_ROWS,
+               "auto_max_int4_rows": gemv_rows, "amx": gemv_rows == AMX_GEMV_MAX_ROWS,
                "lm_head_max_int4_rows": LM_HEAD_MAX_INT4_ROWS, "results": results}  # fmt: skip
         Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
 

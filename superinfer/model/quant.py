@@ -75,6 +75,10 @@ LM_HEAD_MAX_INT4_ROWS = 2
 # the GEMV's lm_head (Q8_0) is faster up to 4 rows (1.2 against 1.8 ms at 4), the dense
 # one from 6 (2.1 against 2.4 ms; docs/results/models/gemv_1205/)
 LM_HEAD_GEMV_MAX_ROWS = 4
+# where the 4-bit GEMM runs on AMX (cpu_q4), it beats the GEMV from 4 rows on the default
+# model's layers (9.9 against 10.7 ms at 4, 9.8 against 19.0 at 8; 8.6 against 9.8 at 3:
+# docs/results/models/amx_1206/)
+AMX_GEMV_MAX_ROWS = 3
 _DEQUANT_ROWS = 4096
 Q6_K = GGMLQuantizationType.Q6_K
 INT4_TYPES = {  # run as the int4 kernel's planes (`int4_planes`)
@@ -614,6 +618,8 @@ def _keep_larger_steps(
     else:
         q4 = q4_kernel() if int4.num_planes == 1 else None
         weights = None if q4 is None else q4.pack(*fused, int4.bias)
+        if q4 is not None and q4.use_amx():
+            rows = min(rows, AMX_GEMV_MAX_ROWS)
     if weights is not None:
         int4.keep_q4(weights, rows)
     elif linear is None:

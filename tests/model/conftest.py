@@ -11,6 +11,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 
+from superinfer.model.cpu_q4 import q4_kernel
 from superinfer.model.loader import LoadedModel, default_model_path, load_model
 from tests.model.tiny import save_tiny, tiny_llama_config, tiny_qwen2_config
 
@@ -60,3 +61,15 @@ def tiny_llama(tmp_path_factory) -> Path:
 def tiny_qwen2(tmp_path_factory) -> Path:
     """A tiny random Qwen2 (q/k/v bias, tied embeddings) saved as a Hugging Face directory."""
     return save_tiny(tmp_path_factory.mktemp("tiny_qwen2"), tiny_qwen2_config(), seed=1)
+
+
+@pytest.fixture(params=["avx512", "amx"])
+def rows_on(request) -> Iterator[str]:
+    """The GEMMs run their rows on AVX-512 or on AMX (where this CPU has it), then back to
+    what the kernel chose at load."""
+    kernel = q4_kernel()
+    was_on = kernel.use_amx()
+    if kernel.use_amx(request.param == "amx") != (request.param == "amx"):
+        pytest.skip("no AMX here")
+    yield request.param
+    kernel.use_amx(was_on)

@@ -20,7 +20,7 @@ def random_q4(num_out: int, num_in: int, seed: int) -> tuple[torch.Tensor, ...]:
 
 
 @pytest.mark.parametrize("num_out, num_in", [(48, 64), (96, 32), (144, 160)])
-def test_the_weights_are_the_dense_copy_bit_for_bit(num_out, num_in) -> None:
+def test_the_weights_are_the_dense_copy_bit_for_bit(num_out, num_in, rows_on) -> None:
     nibbles, scales, zeros = random_q4(num_out, num_in, seed=num_out)
     dense = Int4Linear(nibbles, scales, zeros, num_in).dequantized(
         nibbles, scales, zeros, torch.bfloat16
@@ -31,10 +31,12 @@ def test_the_weights_are_the_dense_copy_bit_for_bit(num_out, num_in) -> None:
     assert torch.equal(got, dense)
 
 
-@pytest.mark.parametrize("num_rows", [1, 5, 12, 13, 25, 40])
+@pytest.mark.parametrize("num_rows", [1, 5, 12, 13, 16, 17, 25, 32, 40, 70])
 @pytest.mark.parametrize("has_bias", [False, True])
-def test_products_match_a_float_matmul_of_those_weights(num_rows, has_bias) -> None:
-    num_out, num_in = 80, 96  # a partial strip of 32 columns; 12-row tiles and a rest
+def test_products_match_a_float_matmul_of_those_weights(num_rows, has_bias, rows_on) -> None:
+    # a partial strip of 32 columns; tiles of 12 rows (AVX-512) or 2 x 16 (AMX) and a rest;
+    # 3 AMX tiles of 32 inputs
+    num_out, num_in = 80, 96
     nibbles, scales, zeros = random_q4(num_out, num_in, seed=num_rows)
     dense = Int4Linear(nibbles, scales, zeros, num_in).dequantized(
         nibbles, scales, zeros, torch.bfloat16
@@ -54,3 +56,14 @@ def test_odd_shapes_are_refused() -> None:
     nibbles, scales, zeros = random_q4(8, 64, seed=0)
     with pytest.raises(ValueError, match="one scale per 32"):
         q4_kernel().pack(nibbles[:, :48], scales, zeros)
+
+
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it(rows_on) -> None:
+    """Within the GEMM: a request's row gives the same sums whichever tile it lands in."""
+    nibbles, scales, zeros = random_q4(64, 128, seed=5)
+    weights = q4_kernel().pack(nibbles, scales, zeros, torch.randn(64))
+    x = torch.randn(45, 128, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(5))
+    together = weights(x)
+    for i in (0, 11, 12, 15, 16, 31, 32, 44):
+        assert torch.equal(weights(x[i : i + 1]), together[i : i + 1])
+    assert torch.equal(weights(x[9:30]), together[9:30])

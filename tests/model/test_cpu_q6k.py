@@ -21,7 +21,7 @@ def dequantized(values: torch.Tensor, sc: torch.Tensor, d: torch.Tensor) -> torc
 
 
 @pytest.mark.parametrize("num_out, num_in", [(16, 256), (37, 512), (64, 768), (81, 256)])
-def test_the_weights_are_the_dense_copy_bit_for_bit(num_out, num_in) -> None:
+def test_the_weights_are_the_dense_copy_bit_for_bit(num_out, num_in, rows_on) -> None:
     """Strips of 32 columns made of two of Q6_K's 16 (or one and zeros), every value, sc
     and both signs of d."""
     values, sc, d = random_q6_k(num_out, num_in, seed=num_out)
@@ -40,16 +40,17 @@ def test_the_weights_are_the_dense_copy_bit_for_bit(num_out, num_in) -> None:
 
 @pytest.mark.parametrize("num_rows", [1, 9, 13, 24, 25, 40])
 @pytest.mark.parametrize("has_bias", [False, True])
-def test_products_match_a_float64_matmul_of_those_weights(num_rows, has_bias) -> None:
+def test_products_match_a_float64_matmul_of_those_weights(num_rows, has_bias, rows_on) -> None:
     num_out, num_in = 53, 512  # a partial strip of 32 columns; tiles (6, 12 rows) and a rest
     values, sc, d = random_q6_k(num_out, num_in, seed=num_rows)
     bias = torch.randn(num_out) if has_bias else None
     weights = gemv_kernel().pack_q6_k(values, sc, d, bias)
     x = rows(num_rows, num_in, seed=num_rows)
-    # up to Q6K_SCALED_MAX_ROWS rows the kernel scales sums of x (q - 32) by d sc, as the
-    # GEMV does; beyond, it multiplies by the weights rounded to bfloat16
+    # up to Q6K_SCALED_MAX_ROWS rows AVX-512 scales sums of x (q - 32) by d sc, as the
+    # GEMV does; beyond, and on AMX, it multiplies by the weights rounded to bfloat16
     w = dequantized(values, sc, d)
-    w = (w if num_rows <= Q6K_SCALED_MAX_ROWS else w.to(torch.bfloat16)).double()
+    is_scaled = num_rows <= Q6K_SCALED_MAX_ROWS and rows_on == "avx512"
+    w = (w if is_scaled else w.to(torch.bfloat16)).double()
     reference = x.double() @ w.t() + (0 if bias is None else bias.double())
     y = q4_kernel().linear_q6k(x, weights)
     assert y.shape == (num_rows, num_out) and y.dtype == torch.bfloat16

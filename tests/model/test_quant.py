@@ -22,6 +22,7 @@ from superinfer.model.cpu_w4a8 import w4a8_kernel
 from superinfer.model.gguf_embedding import GGUFEmbedding
 from superinfer.model.loader import load_gguf_model
 from superinfer.model.quant import (
+    AMX_GEMV_MAX_ROWS,
     LM_HEAD_GEMV_MAX_ROWS,
     LM_HEAD_MAX_INT4_ROWS,
     Int4Linear,
@@ -192,9 +193,13 @@ def test_auto_runs_small_steps_on_int4_and_large_ones_on_the_same_weights(
         # the kernel rounds the GGUF scales to bfloat16; the large-step path does the same
         gap, exact_gap = (large.float() - kernel).abs().mean(), (exact - kernel).abs().mean()
         assert gap < exact_gap
+    # the 4-bit GEMM on AMX takes steps from fewer rows
+    is_amx = is_q4 and q4_kernel().use_amx()
+    assert auto.max_int4_rows == (AMX_GEMV_MAX_ROWS if is_amx else GEMV_MAX_ROWS)
     head = models["auto"].lm_head  # on the int4 kernel, leaves it sooner than the others
     head_rows = LM_HEAD_GEMV_MAX_ROWS if has_gemv else LM_HEAD_MAX_INT4_ROWS
-    assert head.max_int4_rows == head_rows < auto.max_int4_rows
+    head_rows = min(head_rows, AMX_GEMV_MAX_ROWS) if is_amx else head_rows
+    assert head.max_int4_rows == head_rows and (is_amx or head_rows < auto.max_int4_rows)
     assert (head.q4 is not None) == is_q4 and (head.gemv is not None) == has_gemv
     hidden = torch.randn(head_rows + 1, 64, dtype=torch.bfloat16)
     with torch.inference_mode():
@@ -330,10 +335,10 @@ def q4_k_m_file(tmp_path_factory):
 def _assert_q6_k_layer_matches_the_dense_one(layer: Q6KLinear, dense: nn.Linear,
                                              seed: int) -> None:  # fmt: skip
     """`layer` against `dense`, the same layer of the dequantized file (bfloat16 weights).
-    Up to max_gemv_rows rows the GEMV, and up to Q6K_SCALED_MAX_ROWS the GEMM, of the exact
-    weights, rounded once (the dense weights are each rounded: at most 2^-9 of |w x| a
-    product); more rows, the GEMM of those very bfloat16 weights, whose sums only run in
-    another order."""
+    Up to max_gemv_rows rows the GEMV, and up to Q6K_SCALED_MAX_ROWS the GEMM on AVX-512, of
+    the exact weights, rounded once (the dense weights are each rounded: at most 2^-9 of
+    |w x| a product); more rows, or on AMX, the GEMM of those very bfloat16 weights, whose
+    sums only run in another order."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(Q6K_SCALED_MAX_ROWS + 13, layer.in_features, generator=g).to(torch.bfloat16)
     with torch.inference_mode():
@@ -342,7 +347,8 @@ def _assert_q6_k_layer_matches_the_dense_one(layer: Q6KLinear, dense: nn.Linear,
             bound = (x[:rows].float().abs() @ dense.weight.float().abs().t()) * 2**-8
             assert got.shape == expected.shape
             assert ((got - expected).abs() <= bound + expected.abs() * 2**-7 + 1e-6).all()
-            assert (got != expected).any()  # it ran on the exact weights
+            if rows == layer.max_gemv_rows or not q4_kernel().use_amx():
+                assert (got != expected).any()  # it ran on the exact weights
         large, large_expected = layer(x).float(), dense(x).float()
     assert layer.gemv is not None
     sums = (x.float().abs() @ dense.weight.float().abs().t()) * 2**-16

@@ -15,6 +15,9 @@
  * zero 0; Q4_1: zero m + 8 d). Products of bfloat16 pairs are summed in float, as in a
  * bfloat16 GEMM, in another order than oneDNN's.
  *
+ * On CPUs with AMX (q4_use_amx), the rows run on AMX tiles (amx_rows) against the same
+ * scratch strip, whose layout is AMX's for the weights' operand.
+ *
  * Packed layout (made by `pack_q4`): strips of 32 columns, each a run of K / 32 blocks of
  * 512 bytes: [half of the strip (2)][input pair within the block (16)][column (16)], the
  * byte holding input 2p in its low nibble and input 2p + 1 in its high one; beside it
@@ -28,11 +31,18 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
 #include <immintrin.h>
 #define HAVE_BF16_DOT 1
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define HAVE_AMX 1
+#endif
 #endif
 
 #define STRIP 32
 #define BLOCK 32
 #define ROW_TILE 12 /* rows whose 2 x 16 float sums stay in registers (24 of 32) */
+
+static int is_amx_on = 0; /* see q4_use_amx */
 
 /* Packs q (N, K) nibbles (one per byte, 0..15), bfloat16 scales and zeros (N, K / 32)
  * into the layout above; columns past N (to a multiple of 32) get zero weights. packed
@@ -157,6 +167,79 @@ static void tile_rows(const uint32_t *x, int64_t x_stride, const uint32_t *w, in
     }
 }
 
+#ifdef HAVE_AMX
+/* AMX (Sapphire Rapids and later): a tile multiply-add takes 16 rows of x by 16 input
+ * pairs against 16 columns' pairs, where vdpbf16ps takes one row and one pair. The
+ * scratch strip is already AMX's layout for the second operand: a row of tile per input
+ * pair, 16 columns' bfloat16 pairs in it, a half's rows 128 bytes apart. Each row of the
+ * result still depends on that row of x alone; the sums run in AMX's order, not the
+ * AVX-512 rows' (both are float sums of exact products). Linux lends AMX's registers to
+ * a process only when asked (arch_prctl), once. */
+#define AMX_ROWS 32
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+struct amx_config {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t bytes_per_row[16];
+    uint8_t rows[16];
+};
+
+/* y[r] (32 columns from col, num_cols of them real) for num_rows <= AMX_ROWS rows of x, in
+ * two groups of up to 16: tiles 0-3 sum (group, half), 4 and 5 hold the groups' pairs of x,
+ * 6 and 7 the strip's halves' pairs, loaded once for both groups. */
+static void amx_rows(const uint32_t *x, int64_t x_stride, const uint32_t *w, int64_t num_pairs,
+                     const float *bias, uint16_t *y, int64_t y_stride, int64_t col,
+                     int num_cols, int num_rows) {
+    const int rows0 = num_rows < 16 ? num_rows : 16, rows1 = num_rows - rows0;
+    struct amx_config config __attribute__((aligned(64))) = {.palette = 1};
+    const int tile_rows[8] = {rows0, rows0, rows1, rows1, rows0, rows1, 16, 16};
+    for (int t = 0; t < 8; t++) {
+        config.rows[t] = (uint8_t)tile_rows[t];
+        config.bytes_per_row[t] = tile_rows[t] ? 64 : 0;
+    }
+    _tile_loadconfig(&config);
+    _tile_zero(0);
+    _tile_zero(1);
+    if (rows1) {
+        _tile_zero(2);
+        _tile_zero(3);
+    }
+    for (int64_t p = 0; p < num_pairs; p += 16) {
+        _tile_loadd(6, w + p * 32, 128);
+        _tile_loadd(7, w + p * 32 + 16, 128);
+        _tile_loadd(4, x + p, x_stride * 4);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        if (rows1) {
+            _tile_loadd(5, x + 16 * x_stride + p, x_stride * 4);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+    float sums[2][2][16][16] __attribute__((aligned(64))); /* [group][half][row][column] */
+    _tile_stored(0, sums[0][0], 64);
+    _tile_stored(1, sums[0][1], 64);
+    if (rows1) {
+        _tile_stored(2, sums[1][0], 64);
+        _tile_stored(3, sums[1][1], 64);
+    }
+    _tile_release();
+    __m512 acc[AMX_ROWS][2];
+    for (int r = 0; r < num_rows; r++)
+        for (int h = 0; h < 2; h++) acc[r][h] = _mm512_load_ps(sums[r / 16][h][r % 16]);
+    store_rows(acc, bias, y, y_stride, col, num_cols, num_rows);
+}
+#endif
+
+#ifdef HAVE_AMX
+#define ROWS_FN (is_amx_on ? amx_rows : tile_rows)
+#define ROW_TILE_OR_AMX (is_amx_on ? AMX_ROWS : ROW_TILE)
+#else
+#define ROWS_FN tile_rows
+#define ROW_TILE_OR_AMX ROW_TILE
+#endif
+
 /* What a GEMM reads: a layer's packed weights and their scales, and how its layout runs:
  * `dequantize` writes strip s (32 columns) into a thread's scratch (bfloat16 pairs, then
  * `num_scratch_floats` more a pair of inputs), and `rows` runs up to `row_tile` rows of x
@@ -228,7 +311,7 @@ int q4_linear(const void *x, int64_t x_stride, int64_t num_rows, int64_t num_in,
 #ifdef HAVE_BF16_DOT
     if (num_in % BLOCK || x_stride % 2) return -1;
     const struct gguf_weights weights = {packed, scales_zeros, num_out, num_in,
-                                         dequantize_q4_strip, tile_rows, ROW_TILE, 0};
+                                         dequantize_q4_strip, ROWS_FN, ROW_TILE_OR_AMX, 0};
     return gemm_by_strips(x, x_stride, num_rows, &weights, bias, y, num_threads);
 #else
     (void)x, (void)x_stride, (void)num_rows, (void)num_in, (void)packed, (void)scales_zeros;
@@ -415,9 +498,9 @@ int q6k_linear(const void *x, int64_t x_stride, int64_t num_rows, int64_t num_in
     const struct gguf_weights scaled = {packed, d, num_out, num_in, dequantize_q6k_scaled,
                                         tile_scaled_rows, Q6K_ROW_TILE, 32 / Q6K_GROUP_PAIRS};
     const struct gguf_weights rounded = {packed, d, num_out, num_in, dequantize_q6k_rounded,
-                                         tile_rows, ROW_TILE, 0};
+                                         ROWS_FN, ROW_TILE_OR_AMX, 0};
     return gemm_by_strips(x, x_stride, num_rows,
-                          num_rows <= Q6K_SCALED_MAX_ROWS ? &scaled : &rounded, bias, y,
+                          num_rows <= Q6K_SCALED_MAX_ROWS && !is_amx_on ? &scaled : &rounded, bias, y,
                           num_threads);
 #else
     (void)x, (void)x_stride, (void)num_rows, (void)num_in, (void)packed, (void)d;
@@ -452,4 +535,18 @@ int q6k_rows(const uint8_t *packed, const float *d, int64_t num_out, int64_t num
         }
     }
     return 0;
+}
+
+/* Turns AMX on (is_on 1: where this CPU and kernel have it) or off (0) for the GEMMs, or
+ * asks (-1); returns whether it is on. Not to be called while a GEMM runs. */
+int q4_use_amx(int is_on) {
+#ifdef HAVE_AMX
+    static int is_granted = -1;
+    if (is_on == 1 && is_granted < 0)
+        is_granted = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+    if (is_on >= 0) is_amx_on = is_on && is_granted > 0;
+#else
+    (void)is_on;
+#endif
+    return is_amx_on;
 }
