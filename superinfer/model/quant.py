@@ -100,8 +100,13 @@ def gguf_kernels(is_w4a8: bool) -> str:
     if is_w4a8:
         return "8-bit activations (gguf-w4a8: csrc/q4_q8_linear.c)"
     if has_gguf_kernels():
-        return ("superinfer's GEMV for steps of up to 8 rows and its GEMM beyond, on the GGUF "
-                "blocks (csrc/q_gemv.c, csrc/q4_linear.c; Q8_0 layers: a dense copy beyond)")  # fmt: skip
+        q4 = q4_kernel()
+        gemm = "its GEMM beyond"
+        if q4 is not None and q4.use_amx():
+            gemm = f"its GEMM on AMX beyond (4-bit layers: beyond {AMX_GEMV_MAX_ROWS})"
+        return (f"superinfer's GEMV for steps of up to {GEMV_MAX_ROWS} rows and {gemm}, on the "
+                "GGUF blocks (csrc/q_gemv.c, csrc/q4_linear.c; Q8_0 layers: a dense copy "
+                "beyond)")  # fmt: skip
     return "PyTorch's int4 kernel, dense copies for larger steps (no AVX-512 BF16 here)"
 
 
