@@ -568,7 +568,9 @@ def swap_int4_linears(
     of up to 8 rows on the int4 kernel, as before, keeps short prefills and small batches on
     one kernel whether they run alone or together (a seeded request then samples the same
     tokens). Those steps run the few-row GEMV (`Int4Linear.keep_gemv`) where it runs here,
-    which computes each row on its own. lm_head leaves them sooner, after
+    which computes each row on its own. Where the 4-bit GEMM runs on AMX, it is faster
+    than the GEMV from 4 rows, and 4-bit layers take it from there (AMX_GEMV_MAX_ROWS):
+    there, only steps of up to 3 rows keep that property. lm_head leaves them sooner, after
     LM_HEAD_GEMV_MAX_ROWS (LM_HEAD_MAX_INT4_ROWS on the int4 kernel): on one (vocab,
     hidden) matrix oneDNN's bfloat16 GEMM reads at full bandwidth (benchmarks/int4_rows.py).
     With `is_w4a8` (and `max_int4_rows`), the larger steps of every swapped layer (4-bit and
