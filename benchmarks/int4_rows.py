@@ -1,8 +1,9 @@
 """Which kernel is fastest, by rows in a step: the default model's linear layers, int4
 (`aten._weight_int4pack_mm_for_cpu` on the GGUF blocks), the few-row GEMV (`cpu_gemv`, up
 to 8 rows, the same blocks; lm_head's Q8_0 too), the 4-bit GEMM (`cpu_q4`, the same
-blocks; where it runs on AMX, also `q4-avx512`: its rows on AVX-512 as elsewhere) and a dense bfloat16 copy (oneDNN, prepacked): what `--quantization auto` chooses
-between (the 4-bit GEMM takes the 4-bit layers, not lm_head's Q8_0); and, where it runs,
+blocks; where it runs on AMX, also `q4-avx512`: its rows on AVX-512 as elsewhere) and a
+dense bfloat16 copy (oneDNN, prepacked): what `--quantization auto` chooses between (the
+4-bit GEMM takes the 4-bit layers, not lm_head's Q8_0); and, where it runs,
 `w4a8`: `--quantization gguf-w4a8`'s GEMM on 8-bit activations (`cpu_w4a8`, the 4-bit
 layers and lm_head's Q8_0 alike).
 

@@ -76,7 +76,7 @@ LM_HEAD_MAX_INT4_ROWS = 2
 # one from 6 (2.1 against 2.4 ms; docs/results/models/gemv_1205/)
 LM_HEAD_GEMV_MAX_ROWS = 4
 # where the 4-bit GEMM runs on AMX (cpu_q4), it beats the GEMV from 4 rows on the default
-# model's layers (9.9 against 10.7 ms at 4, 9.8 against 19.0 at 8; 8.6 against 9.8 at 3:
+# model's layers (7.8 against 9.6 ms at 4, 8.1 against 17.5 at 8; they tie at 3, 8.2 ms:
 # docs/results/models/amx_1206/)
 AMX_GEMV_MAX_ROWS = 3
 _DEQUANT_ROWS = 4096

@@ -193,10 +193,10 @@ static void amx_rows(const uint32_t *x, int64_t x_stride, const uint32_t *w, int
                      int num_cols, int num_rows) {
     const int rows0 = num_rows < 16 ? num_rows : 16, rows1 = num_rows - rows0;
     struct amx_config config __attribute__((aligned(64))) = {.palette = 1};
-    const int tile_rows[8] = {rows0, rows0, rows1, rows1, rows0, rows1, 16, 16};
+    const int rows_of[8] = {rows0, rows0, rows1, rows1, rows0, rows1, 16, 16}; /* per tile */
     for (int t = 0; t < 8; t++) {
-        config.rows[t] = (uint8_t)tile_rows[t];
-        config.bytes_per_row[t] = tile_rows[t] ? 64 : 0;
+        config.rows[t] = (uint8_t)rows_of[t];
+        config.bytes_per_row[t] = rows_of[t] ? 64 : 0;
     }
     _tile_loadconfig(&config);
     _tile_zero(0);
@@ -499,8 +499,8 @@ int q6k_linear(const void *x, int64_t x_stride, int64_t num_rows, int64_t num_in
                                         tile_scaled_rows, Q6K_ROW_TILE, 32 / Q6K_GROUP_PAIRS};
     const struct gguf_weights rounded = {packed, d, num_out, num_in, dequantize_q6k_rounded,
                                          ROWS_FN, ROW_TILE_OR_AMX, 0};
-    return gemm_by_strips(x, x_stride, num_rows,
-                          num_rows <= Q6K_SCALED_MAX_ROWS && !is_amx_on ? &scaled : &rounded, bias, y,
+    const int is_scaled = num_rows <= Q6K_SCALED_MAX_ROWS && !is_amx_on; /* AMX: no need */
+    return gemm_by_strips(x, x_stride, num_rows, is_scaled ? &scaled : &rounded, bias, y,
                           num_threads);
 #else
     (void)x, (void)x_stride, (void)num_rows, (void)num_in, (void)packed, (void)d;
