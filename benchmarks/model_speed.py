@@ -60,7 +60,10 @@ DEFAULT_LLAMA_PYTHON = "/work/llama-venv/bin/python"  # as --install-llama /work
 DEFAULT_VLLM_PYTHON = "/work/vllm-venv/bin/python"
 DEFAULT_VLLM_MODEL = "/work/models/smollm2-135m-instruct-hf"
 LLAMA_CPP_VERSION = "0.3.36"
-# llama.cpp's AMX path dies with "Illegal instruction" on this machine's processor
+# llama.cpp's AMX path dies with "Illegal instruction" on this machine's processor. On an
+# Intel Xeon with AMX (docs/results/models/amx_1206/) a native build still runs AMX tile
+# loads with these flags, and dies there even once Linux has lent the process AMX: build
+# it with -DGGML_NATIVE=OFF and the AVX-512 flags on such a machine
 LLAMA_CMAKE_ARGS = "-DGGML_NATIVE=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
 SYSTEMS = ("superinfer", "superinfer-base", "superinfer-w4a8", "superinfer-bf16", "llama",
            "vllm")  # superinfer-base: only with --baseline-tree
