@@ -230,9 +230,7 @@ static void amx_rows(const uint32_t *x, int64_t x_stride, const uint32_t *w, int
         for (int h = 0; h < 2; h++) acc[r][h] = _mm512_load_ps(sums[r / 16][h][r % 16]);
     store_rows(acc, bias, y, y_stride, col, num_cols, num_rows);
 }
-#endif
 
-#ifdef HAVE_AMX
 #define ROWS_FN (is_amx_on ? amx_rows : tile_rows)
 #define ROW_TILE_OR_AMX (is_amx_on ? AMX_ROWS : ROW_TILE)
 #else
