@@ -83,7 +83,7 @@ class FlatDecode:
         self.num_heads, self.num_kv_heads = first.num_heads, first.num_kv_heads
         self.head_dim, self.dtype = first.head_dim, model.norm.weight.dtype
         self.scale = first.scale or 1.0 / math.sqrt(self.head_dim)
-        self.act = model.layers[0].mlp.act
+        self.gated = model.layers[0].mlp.gated  # act(gate) * up, as every layer's MLP
         self.norm, self.attention = norm, attention
         self.final_norm, self.final_eps = model.norm.kernel_weight(), model.norm.eps
         self.layers = [
@@ -158,8 +158,7 @@ class FlatDecode:
             if status != 0:
                 raise RuntimeError(f"rotary_decode_attention failed with status {status}")
             h = self.norm(layer.o(o), residual, layer.post_norm, layer.eps)
-            gate, up = layer.gate_up(h).chunk(2, -1)
-            x = layer.down(self.act(gate).mul_(up))
+            x = layer.down(self.gated(layer.gate_up(h)))
         return self.norm(x, residual, self.final_norm, self.final_eps)
 
 

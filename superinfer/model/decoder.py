@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from superinfer.model.attention import StepMetadata
 from superinfer.model.config import ModelConfig
+from superinfer.model.cpu_act import act_kernel
 from superinfer.model.cpu_decode import FlatDecode
 from superinfer.model.cpu_norm import norm_kernel
 from superinfer.model.moe import MoE
@@ -121,8 +122,16 @@ class GatedMLP(nn.Module):
         self.act = activation(config.hidden_act)
 
     def forward(self, x: Tensor) -> Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, -1)  # (T, I) each
-        return self.down_proj(self.act(gate).mul_(up))  # (T, C)
+        return self.down_proj(self.gated(self.gate_up_proj(x)))  # (T, C)
+
+    def gated(self, gate_up: Tensor) -> Tensor:
+        """(T, 2I) [gate | up] -> (T, I) act(gate) * up; SiLU's on CPU in one C call
+        (`cpu_act.py`) where the kernel takes it."""
+        kernel = act_kernel() if self.act is F.silu and gate_up.device.type == "cpu" else None
+        if kernel is not None and kernel.takes(gate_up):
+            return kernel(gate_up)
+        gate, up = gate_up.chunk(2, -1)  # (T, I) each
+        return self.act(gate).mul_(up)
 
 
 def activation(name: str):
