@@ -6,6 +6,8 @@ sequence, seeded random Q/K/V, medians. For A/B runs of two checkouts, alternati
         benchmarks/prefill_attention.py; done
 
 Where the CPU has no AVX-512 BF16 the kernel declines and SDPA runs: compare like with like.
+Where it has AMX (and the 4-bit GEMM turned it on), each shape runs both ways, alternating:
+`amx` (q.k and p.V on tiles) and `avx512` (the same kernel's rows on `vdpbf16ps`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import time
 import torch
 
 from superinfer.model.attention import AttentionMetadata, GatherWorkspace, SeqEntry, paged_attention
+from superinfer.model.cpu_q4 import q4_kernel
 
 BLOCK_SIZE = 16
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 9, 3, 64
@@ -48,10 +51,22 @@ def main() -> None:
     parser.add_argument("--shapes", default="256+0,512+0,512+512,1024+0",
                         help="query+context token counts")  # fmt: skip
     args = parser.parse_args()
+    q4 = q4_kernel()
+    ways = ("avx512", "amx") if q4 is not None and q4.use_amx() else ("default",)
     for shape in args.shapes.split(","):
         num_query, num_context = (int(n) for n in shape.split("+"))
-        print(f"{num_query:5d} tokens after {num_context:5d} cached: "
-              f"{layer_ms(num_query, num_context, args.reps):.3f} ms", flush=True)  # fmt: skip
+        rounds: dict[str, list[float]] = {way: [] for way in ways}
+        for _ in range(3):
+            for way in ways:
+                if way != "default":
+                    q4.use_amx(way == "amx")
+                rounds[way].append(layer_ms(num_query, num_context, args.reps))
+        ms = {way: statistics.median(times) for way, times in rounds.items()}
+        line = ", ".join(f"{way} {t:.3f} ms" for way, t in ms.items())
+        ratio = f" (amx/avx512 {ms['amx'] / ms['avx512']:.2f})" if "amx" in ms else ""
+        print(f"{num_query:5d} tokens after {num_context:5d} cached: {line}{ratio}", flush=True)
+    if "amx" in ways:
+        q4.use_amx(True)
 
 
 if __name__ == "__main__":

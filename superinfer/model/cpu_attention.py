@@ -8,7 +8,8 @@ different lengths) that was 40-50% of a step. The kernel reads each sequence's b
 place instead. The KV write copies each token's rows straight into their slots. Prefill
 chunks of a bfloat16 cache, on a CPU with AVX-512 BF16, read their keys in place too
 (`prefill`): PyTorch's CPU flash attention over gathered blocks was 1.3-1.5x slower per
-forward for chunks of 512 tokens.
+forward for chunks of 512 tokens. Where the 4-bit GEMM runs on AMX (`cpu_q4`, which
+decides it for the process), the prefill kernel's q.k and p.V run on AMX tiles too.
 
 `cpu_kernels.py` builds the library; where it cannot (no compiler, a failed build,
 SUPERINFER_CPU_KERNELS=0), `decode_kernel()` returns None and attention keeps the portable
@@ -26,6 +27,7 @@ from torch import Tensor
 
 from superinfer.model.cpu_kernels import KERNEL_DTYPES as _DTYPES
 from superinfer.model.cpu_kernels import load_kernel
+from superinfer.model.cpu_q4 import q4_kernel
 
 MAX_HEAD_DIM, MAX_GROUP = 256, 16  # as in the source
 _PTR, _INT, _I64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64  # pointers passed as ints
@@ -173,4 +175,5 @@ class PagedDecodeKernel:
 @functools.cache
 def decode_kernel() -> PagedDecodeKernel | None:
     """The compiled kernel, or None where it cannot be built here (logged once)."""
+    q4_kernel()  # its probe turns AMX on for the process where it runs (prefill's tiles)
     return load_kernel(PagedDecodeKernel, "attention", "gathering K/V instead")

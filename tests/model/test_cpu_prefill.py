@@ -61,9 +61,10 @@ def _entries(spans: list[tuple[int, int]], seed: int = 1) -> list[SeqEntry]:
      ([(1000, 24)], 64), ([(0, 5), (40, 3), (0, 70)], None), ([(21, 40), (0, 1)], 30)],
 )  # fmt: skip
 @pytest.mark.parametrize("heads, head_dim", [((9, 3), 64), ((8, 2), 128), ((4, 4), 32)])
-def test_matches_the_reference(spans, window, heads, head_dim):
+def test_matches_the_reference(spans, window, heads, head_dim, rows_on):
     """Chunks without and with cached context, windows, several chunks in a step (with a
-    decode), group sizes 3, 4 and 1: within bfloat16's rounding of the reference."""
+    decode), group sizes 3, 4 and 1, on AVX-512 and on AMX tiles (where the GEMMs' rows
+    run): within bfloat16's rounding of the reference."""
     entries = _entries(spans)
     got, cache = _attend(entries, heads, head_dim, torch.bfloat16, window, use_kernel=True)
     expected, expected_cache = _attend(entries, heads, head_dim, torch.bfloat16, window,
