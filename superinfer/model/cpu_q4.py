@@ -16,7 +16,9 @@ strip (its layout is AMX's), 3-6x faster from 16 rows on this model's shapes and
 than the GEMV from 4 rows (docs/results/models/amx_1206/). `use_amx` turns it off and on;
 `SUPERINFER_AMX=0` keeps the AVX-512 rows.
 
-Q6_K layers (`cpu_gemv.Q6KWeights`, Q6_K's own bits) take the same GEMM (`linear_q6k`),
+Q8_0 layers (the default model's lm_head, tied to its Q8_0 embedding) take it on the
+GEMV's 8-bit weights (`Q8Gemm`), each strip dequantized to the weights the dense copy they
+replace held. Q6_K layers (`cpu_gemv.Q6KWeights`, Q6_K's own bits) take the same GEMM (`linear_q6k`),
 each strip dequantized from those bits into the scratch: for up to `Q6K_SCALED_MAX_ROWS`
 rows to q - 32 with each 16 inputs' d sc applied to the rows' sums (as the GEMV does),
 beyond (and on AMX, for every step) to the weights the dequantized file holds, rounded to
@@ -38,7 +40,7 @@ from torch import Tensor
 from superinfer.model.cpu_kernels import load_kernel
 
 if TYPE_CHECKING:
-    from superinfer.model.cpu_gemv import Q6KWeights  # cpu_gemv imports this module
+    from superinfer.model.cpu_gemv import Q6KWeights, Q8Weights  # cpu_gemv imports this module
 
 logger = logging.getLogger(__name__)
 _PTR, _INT, _I64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
@@ -61,15 +63,28 @@ class Q4Weights:
         return self.kernel(x, self)
 
 
+class Q8Gemm:
+    """A Q8_0 layer's 8-bit weights (`cpu_gemv.Q8Weights`, the few-row GEMV's own: no copy)
+    on the GEMM; calling it multiplies: x (rows, K) bfloat16 -> (rows, N) bfloat16, with
+    the weights a dense bfloat16 copy would hold (d q rounded once)."""
+
+    def __init__(self, kernel: Q4Kernel, weights: Q8Weights) -> None:
+        self.kernel, self.weights = kernel, weights
+        self.num_out, self.num_in = weights.num_out, weights.num_in
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return self.kernel.linear_q8(x, self.weights)
+
+
 class Q4Kernel:
-    """The loaded `pack_q4`, `q4_linear`, `q6k_linear` and `q6k_rows`."""
+    """The loaded `pack_q4`, `q4_linear`, `q6k_linear`, `q8_linear` and `q6k_rows`."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
         self._pack, self._linear = library.pack_q4, library.q4_linear
         self._pack.restype = None
         self._pack.argtypes = [_PTR, _PTR, _PTR, _I64, _I64, _PTR, _PTR]
-        self._q6k = library.q6k_linear
-        for fn in (self._linear, self._q6k):
+        self._q6k, self._q8 = library.q6k_linear, library.q8_linear
+        for fn in (self._linear, self._q6k, self._q8):
             fn.restype = _INT
             fn.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _INT]
         self._q6k_rows = library.q6k_rows
@@ -109,6 +124,10 @@ class Q4Kernel:
         """The same for Q6_K weights in their own layout (K a multiple of 256)."""
         return self._run(self._q6k, x, weights, weights.d)
 
+    def linear_q8(self, x: Tensor, weights: Q8Weights) -> Tensor:
+        """The same for Q8_0 weights in the few-row GEMV's 8-bit layout (`cpu_gemv`)."""
+        return self._run(self._q8, x, weights, weights.scales)
+
     def q6k_rows(self, weights: Q6KWeights, ids: Tensor) -> Tensor:
         """Output rows `ids` (any shape) of Q6_K `weights` as float32, (*ids.shape, K): each
         weight d sc (q - 32), the dequantized file's value."""
@@ -121,7 +140,7 @@ class Q4Kernel:
             raise IndexError(f"token ids out of range for {weights.num_out} embeddings")
         return out.view(*ids.shape, weights.num_in)
 
-    def _run(self, fn: ctypes._CFuncPtr, x: Tensor, weights: Q4Weights | Q6KWeights,
+    def _run(self, fn: ctypes._CFuncPtr, x: Tensor, weights: Q4Weights | Q6KWeights | Q8Weights,
              scales: Tensor) -> Tensor:  # fmt: skip
         if x.dim() != 2 or x.shape[1] != weights.num_in:
             raise ValueError(f"x {tuple(x.shape)}: the layer takes {weights.num_in} inputs")

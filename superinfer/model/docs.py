@@ -80,9 +80,11 @@ weights rounded to bfloat16, and is faster than oneDNN's bfloat16 GEMM from 5 ro
 On CPUs with AMX (Intel Sapphire Rapids and later) its tiles run on AMX, 3-6x faster from 16
 rows, so 4-bit layers take it from 4 rows (`SUPERINFER_AMX=0` keeps it on AVX-512).
 Q6_K layers and the parts of a fused layer of mixed types run a GEMM of the same kind on
-their own bits (`q6k_linear`; a Q8_0 part is unpacked for the step). A Q8_0 layer, or any
-layer where those kernels cannot run, keeps a dense bfloat16 copy of the same weights for
-steps of more than 8 rows (lm_head: 4 with the GEMV, 2 without).
+their own bits (`q6k_linear`; a Q8_0 part is unpacked for the step). A Q8_0 layer (the
+default model's lm_head) runs larger steps on AMX with the GEMM's Q8_0 form over the GEMV's
+8-bit weights (`q8_linear`); elsewhere it, and any layer where those kernels cannot run,
+keeps a dense bfloat16 copy of the same weights for steps of more than 8 rows (lm_head: 4
+with the GEMV, 2 without).
 MoE experts never keep a dense copy: a step multiplies each expert that received rows by
 its group of rows (a loop over the active experts, as llama.cpp's `mul_mat_id`), on the
 GEMV or the 4-bit GEMM by the expert's rows. Q6_K experts (Q4_K_M files' ffn_down_exps in

@@ -61,7 +61,7 @@ from torch import Tensor, nn
 from superinfer.model.config import ModelConfig
 from superinfer.model.cpu_gemv import MAX_ROWS as GEMV_MAX_ROWS
 from superinfer.model.cpu_gemv import GemvKernel, Q6KWeights, Q8Weights, gemv_kernel
-from superinfer.model.cpu_q4 import Q4Kernel, Q4Weights, q4_kernel
+from superinfer.model.cpu_q4 import Q4Kernel, Q4Weights, Q8Gemm, q4_kernel
 from superinfer.model.cpu_w4a8 import W4A8Kernel, W4A8Weights, w4a8_kernel
 from superinfer.model.gemv_linear import GemvLinear
 from superinfer.model.gguf_checkpoint import float_tensor
@@ -101,12 +101,12 @@ def gguf_kernels(is_w4a8: bool) -> str:
         return "8-bit activations (gguf-w4a8: csrc/q4_q8_linear.c)"
     if has_gguf_kernels():
         q4 = q4_kernel()
-        gemm = "its GEMM beyond"
+        gemm, q8 = "its GEMM beyond", "Q8_0 layers: a dense copy beyond"
         if q4 is not None and q4.use_amx():
             gemm = f"its GEMM on AMX beyond (4-bit layers: beyond {AMX_GEMV_MAX_ROWS})"
+            q8 = "Q8_0 layers too"
         return (f"superinfer's GEMV for steps of up to {GEMV_MAX_ROWS} rows and {gemm}, on the "
-                "GGUF blocks (csrc/q_gemv.c, csrc/q4_linear.c; Q8_0 layers: a dense copy "
-                "beyond)")  # fmt: skip
+                f"GGUF blocks (csrc/q_gemv.c, csrc/q4_linear.c; {q8})")  # fmt: skip
     return "PyTorch's int4 kernel, dense copies for larger steps (no AVX-512 BF16 here)"
 
 
@@ -126,7 +126,7 @@ class Int4Linear(nn.Module):
         super().__init__()
         self.bias = bias
         self.dense: nn.Module | None = None  # see `keep_dense`
-        self.q4: Q4Weights | W4A8Weights | None = None  # see `keep_q4`
+        self.q4: Q4Weights | Q8Gemm | W4A8Weights | None = None  # see `keep_q4`
         self.gemv: GemvKernel | None = None  # see `keep_gemv`
         self.gemv_weights: Q4Weights | Q8Weights | None = None
         self.max_int4_rows = sys.maxsize  # a plain attribute: read on every call
@@ -159,10 +159,11 @@ class Int4Linear(nn.Module):
         rows on the default model, 1.8x slower at 32)."""
         self.dense, self.max_int4_rows = linear, max_int4_rows
 
-    def keep_q4(self, weights: Q4Weights | W4A8Weights, max_int4_rows: int) -> None:
-        """Run steps of more than `max_int4_rows` rows on the 4-bit GEMM (`cpu_q4`, or
-        `cpu_w4a8`'s with 8-bit activations) over `weights`, this layer's own packed for
-        it: no dense copy. At 0, every step does, and the int4 kernel's copy is freed."""
+    def keep_q4(self, weights: Q4Weights | Q8Gemm | W4A8Weights, max_int4_rows: int) -> None:
+        """Run steps of more than `max_int4_rows` rows on the 4-bit GEMM (`cpu_q4`; its
+        Q8_0 form for Q8_0 planes; or `cpu_w4a8`'s with 8-bit activations) over `weights`,
+        this layer's own packed for it: no dense copy. At 0, every step does, and the int4
+        kernel's copy is freed."""
         self.q4, self.max_int4_rows = weights, max_int4_rows
         if max_int4_rows == 0:  # every step, an empty one too
             self.packed = self.scales_zeros = None
@@ -573,7 +574,10 @@ def swap_int4_linears(
     there, only steps of up to 3 rows keep that property. lm_head leaves them sooner, after
     LM_HEAD_GEMV_MAX_ROWS (LM_HEAD_MAX_INT4_ROWS on the int4 kernel): on one (vocab,
     hidden) matrix oneDNN's bfloat16 GEMM reads at full bandwidth (benchmarks/int4_rows.py).
-    With `is_w4a8` (and `max_int4_rows`), the larger steps of every swapped layer (4-bit and
+    Where the GEMM runs on AMX, Q8_0 layers (lm_head) take its Q8_0 form over the GEMV's
+    8-bit weights instead of a dense copy (the same bfloat16 weights; on the default
+    model's lm_head 0.77x the dense copy's time at 32 rows, 1.1x at 6-8, and 56 MB less;
+    on AVX-512 rows it was 4x slower, so the dense copy stays there). With `is_w4a8` (and `max_int4_rows`), the larger steps of every swapped layer (4-bit and
     Q8_0) run `cpu_w4a8`'s GEMM instead, which rounds their activations to 8 bits."""
     head_dim = model.config.head_dim
     swapped = []
@@ -623,9 +627,14 @@ def _keep_larger_steps(
     if is_w4a8:  # 4-bit and Q8_0 layers alike
         weights = _w4a8_kernel().pack_planes(*fused, int4.in_features, int4.bias)
     else:
-        q4 = q4_kernel() if int4.num_planes == 1 else None
-        weights = None if q4 is None else q4.pack(*fused, int4.bias)
-        if q4 is not None and q4.use_amx():
+        q4, weights = q4_kernel(), None
+        is_amx = q4 is not None and q4.use_amx()
+        if q4 is not None and int4.num_planes == 1:
+            weights = q4.pack(*fused, int4.bias)
+        elif is_amx and gemv is not None:  # Q8_0: the GEMV's 8-bit weights, no dense copy
+            q8 = gemv.pack_planes(fused[0], fused[1], int4.in_features, int4.bias)
+            weights = Q8Gemm(q4, q8)
+        if is_amx and int4.num_planes == 1:
             rows = min(rows, AMX_GEMV_MAX_ROWS)
     if weights is not None:
         int4.keep_q4(weights, rows)
@@ -637,6 +646,8 @@ def _keep_larger_steps(
     if gemv is not None and rows > 0:
         if int4.num_planes == 1 and isinstance(weights, Q4Weights):
             int4.keep_gemv(gemv, weights)
+        elif isinstance(weights, Q8Gemm):
+            int4.keep_gemv(gemv, weights.weights)
         elif int4.num_planes == 2:
             int4.keep_gemv(gemv, gemv.pack_planes(fused[0], fused[1], int4.in_features,
                                                   int4.bias))  # fmt: skip

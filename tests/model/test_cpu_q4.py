@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from superinfer.model.cpu_q4 import q4_kernel
+from superinfer.model.cpu_q4 import Q8Gemm, q4_kernel
 from superinfer.model.quant import Int4Linear
 
 pytestmark = pytest.mark.skipif(q4_kernel() is None, reason="no AVX-512 BF16 kernel here")
@@ -67,3 +67,29 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it(rows_on) -> None:
     for i in (0, 11, 12, 15, 16, 31, 32, 44):
         assert torch.equal(weights(x[i : i + 1]), together[i : i + 1])
     assert torch.equal(weights(x[9:30]), together[9:30])
+
+
+@pytest.mark.parametrize("num_out", [40, 64, 80])  # 40, 80: a last strip of 16 columns alone
+def test_q8_0_weights_on_the_gemm(num_out, rows_on) -> None:
+    """The GEMM over the GEMV's 8-bit layout: each weight d q rounded once (the GEMV's
+    `unpack`, the dense copy's), products within one rounding of a float matmul, and a row's
+    result its own."""
+    from superinfer.model.cpu_gemv import gemv_kernel
+
+    gemv = gemv_kernel()
+    if gemv is None:
+        pytest.skip("no GEMV kernel here")
+    g = torch.Generator().manual_seed(num_out)
+    values = torch.randint(-128, 128, (num_out, 96), generator=g, dtype=torch.int8)
+    d = (torch.rand(num_out, 3, generator=g) * 0.01).to(torch.bfloat16).float()
+    bias = torch.randn(num_out, generator=g)
+    q8 = gemv.pack_q8(values, d, bias)
+    gemm = Q8Gemm(q4_kernel(), q8)
+    weights = Q8Gemm(q4_kernel(), gemv.pack_q8(values, d))(torch.eye(96, dtype=torch.bfloat16))
+    assert torch.equal(weights.t(), gemv.unpack(q8))
+    x = torch.randn(37, 96, dtype=torch.bfloat16, generator=g)
+    y = gemm(x)
+    reference = x.double() @ gemv.unpack(q8).double().t() + bias.double()
+    torch.testing.assert_close(y.double(), reference, rtol=2**-8, atol=1e-4)
+    for i in (0, 15, 16, 36):
+        assert torch.equal(gemm(x[i : i + 1]), y[i : i + 1])

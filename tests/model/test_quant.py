@@ -157,8 +157,9 @@ def test_quantization_flag_values(tmp_path, hf_models) -> None:
 def test_auto_runs_small_steps_on_int4_and_large_ones_on_the_same_weights(
     qtype, hf_models, tmp_path
 ) -> None:
-    """4-bit layers run larger steps on the 4-bit GEMM (no dense copy), Q8_0 ones on a
-    dense copy; either way on the weights the int4 kernel uses. Steps of up to
+    """4-bit layers run larger steps on the 4-bit GEMM (no dense copy), Q8_0 ones on its
+    Q8_0 form where it runs on AMX (no dense copy either) and else on a dense copy; either
+    way on the weights the int4 kernel uses. Steps of up to
     max_int4_rows rows run the few-row GEMV where it runs here (else the int4 kernel): the
     int4 kernel's function of the same weights, each row on its own."""
     path = write_gguf(hf_models["llama"], tmp_path / "a.gguf", "llama", qtype)
@@ -167,8 +168,11 @@ def test_auto_runs_small_steps_on_int4_and_large_ones_on_the_same_weights(
     layers = {q: m.model.layers[0].mlp.gate_up_proj for q, m in models.items()}
     auto = layers["auto"]
     is_q4 = qtype == GGMLQuantizationType.Q4_1 and q4_kernel() is not None
-    assert isinstance(auto, Int4Linear) and (auto.q4 is not None) == is_q4
-    assert (auto.dense is None) == is_q4
+    is_q8_gemm = (qtype == GGMLQuantizationType.Q8_0 and q4_kernel() is not None
+                  and q4_kernel().use_amx() and gemv_kernel() is not None)  # fmt: skip
+    is_gemm = is_q4 or is_q8_gemm
+    assert isinstance(auto, Int4Linear) and (auto.q4 is not None) == is_gemm
+    assert (auto.dense is None) == is_gemm
     num_rows = auto.max_int4_rows + 13
     x = torch.randn(num_rows, 64, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(0))
     has_gemv = gemv_kernel() is not None
@@ -182,9 +186,11 @@ def test_auto_runs_small_steps_on_int4_and_large_ones_on_the_same_weights(
         else:
             assert torch.equal(small, int4)
         large = auto(x)
-        if is_q4:  # the dense copy's weights, summed in another order
+        if is_gemm:  # the dense copy's weights, summed in another order
             eye = torch.eye(64, dtype=torch.bfloat16)
             weight = auto.q4(eye).t().float()  # each output is one weight, exactly
+            if is_q8_gemm:  # those the GEMV's 8-bit values give, d q rounded once
+                assert torch.equal(weight, gemv_kernel().unpack(auto.gemv_weights).float())
             reference = x.float() @ weight.t()
             torch.testing.assert_close(large.float(), reference, rtol=2**-7, atol=1e-5)
         else:
@@ -200,10 +206,10 @@ def test_auto_runs_small_steps_on_int4_and_large_ones_on_the_same_weights(
     head_rows = LM_HEAD_GEMV_MAX_ROWS if has_gemv else LM_HEAD_MAX_INT4_ROWS
     head_rows = min(head_rows, AMX_GEMV_MAX_ROWS) if is_amx else head_rows
     assert head.max_int4_rows == head_rows and (is_amx or head_rows < auto.max_int4_rows)
-    assert (head.q4 is not None) == is_q4 and (head.gemv is not None) == has_gemv
+    assert (head.q4 is not None) == is_gemm and (head.gemv is not None) == has_gemv
     hidden = torch.randn(head_rows + 1, 64, dtype=torch.bfloat16)
     with torch.inference_mode():
-        larger = head.q4 if is_q4 else head.dense
+        larger = head.q4 if is_gemm else head.dense
         assert torch.equal(head(hidden), larger(hidden))
         small, int4 = head(hidden[:1]), models["gguf"].lm_head(hidden[:1])
         torch.testing.assert_close(small.float(), int4.float(), rtol=2**-7, atol=1e-5)
@@ -466,7 +472,8 @@ EMBEDDINGS = {"qwen2-q4_k_m": Q6KEmbedding, "llama-q4_0": Q8Embedding,
 def test_quantized_layers_are_never_dequantized(name, tmp_path, monkeypatch) -> None:
     """Under auto, the layers kept quantized (and the embedding) are swapped in before the
     parameters are allocated: their GGUF matrices are never dequantized, no dense weight is
-    held but the Q8_0 head's copy for larger steps, and the biases are the dense model's."""
+    held but the Q8_0 head's copy for larger steps (none where the GEMM runs on AMX), and
+    the biases are the dense model's."""
     config, qtype, types = NEVER_DEQUANTIZED[name]
     arch = "qwen2" if name.startswith("qwen2") else "llama"
     path = write_gguf(_k_quant_model(tmp_path, config), tmp_path / "m.gguf", arch, qtype,
@@ -485,7 +492,9 @@ def test_quantized_layers_are_never_dequantized(name, tmp_path, monkeypatch) -> 
     with torch.inference_mode():
         assert torch.equal(model.model.embed_tokens(ids), dense.model.embed_tokens(ids))
     held = [n for n, p in model.named_parameters() if p.dim() == 2]
-    assert held == (["lm_head.dense.weight"] if name == "llama-q4_0" else [])
+    is_q8_gemm = q4_kernel() is not None and q4_kernel().use_amx() and gemv_kernel() is not None
+    is_head_dense = name == "llama-q4_0" and not is_q8_gemm  # a Q8_0 head (tied embedding)
+    assert held == (["lm_head.dense.weight"] if is_head_dense else [])
     biases = {n: p for n, p in model.named_parameters() if n.endswith(".bias")}
     assert len(biases) == (1 if name.startswith("qwen2") else 0)  # layer 0's Q4_K q/k/v
     for n, bias in biases.items():

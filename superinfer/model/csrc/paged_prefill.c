@@ -419,8 +419,6 @@ int paged_prefill_attention(const void *q, int64_t q_stride, const void *kv_cach
     int status = 0;
 #ifdef HAVE_AMX
     const int is_amx = q4_use_amx(-1);
-#else
-    const int is_amx = 0;
 #endif
 #pragma omp parallel num_threads(num_threads)
     {

@@ -318,6 +318,66 @@ int q4_linear(const void *x, int64_t x_stride, int64_t num_rows, int64_t num_in,
 #endif
 }
 
+/* Q8_0 weights (lm_head tied to a Q8_0 embedding) for any number of rows, read in the
+ * few-row GEMV's own 8-bit layout (q4_q8_linear.c's pack_q8_q8: strips of 16 columns,
+ * blocks of 512 bytes whose run t of 64 holds input 4t + j of column c at byte 4c + j;
+ * beside each block 16 float d, then 16 int32 offsets, not read here), so the layer keeps
+ * no dense copy. A strip of 32 columns here is two of those; each weight d q in float,
+ * rounded to bfloat16: the dense copy's and unpack_q8_bf16's weights. */
+#ifdef HAVE_BF16_DOT
+#define Q8_STRIP 16
+static void dequantize_q8_strip(const struct gguf_weights *weights, int64_t s, uint32_t *w) {
+    const int64_t num_blocks = weights->num_in / BLOCK;
+    const int64_t num_q8_strips = (weights->num_out + Q8_STRIP - 1) / Q8_STRIP;
+    uint16_t order[32]; /* as dequantize_strip's: lane j holds the pair's words j, 16 + j */
+    for (int i = 0; i < 16; i++) order[2 * i] = (uint16_t)i, order[2 * i + 1] = (uint16_t)(16 + i);
+    const __m512i interleave = _mm512_loadu_si512(order);
+    for (int h = 0; h < 2; h++) {
+        const int64_t q8_strip = 2 * s + h;
+        for (int64_t b = 0; b < num_blocks; b++) {
+            uint32_t *out = w + (b * 16 * 2 + h) * 16; /* pair p at out + p * 32 */
+            if (q8_strip >= num_q8_strips) { /* columns past num_out: zero weights */
+                for (int p = 0; p < 16; p++) _mm512_storeu_si512(out + p * 32, _mm512_setzero_si512());
+                continue;
+            }
+            const int64_t record = q8_strip * num_blocks + b;
+            const int8_t *q = (const int8_t *)weights->packed + record * 512;
+            const __m512 d = _mm512_loadu_ps((const char *)weights->scales + record * 128);
+            for (int t = 0; t < 8; t++) { /* inputs 4t .. 4t + 3: pairs 2t and 2t + 1 */
+                const __m512i v = _mm512_loadu_si512(q + 64 * t);
+                __m512 f[4];
+                for (int j = 0; j < 4; j++)
+                    f[j] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srai_epi32(
+                                             _mm512_slli_epi32(v, 24 - 8 * j), 24)), d);
+                for (int k = 0; k < 2; k++) {
+                    const __m512i halves = (__m512i)_mm512_cvtne2ps_pbh(f[2 * k + 1], f[2 * k]);
+                    _mm512_storeu_si512(out + (2 * t + k) * 32,
+                                        _mm512_permutexvar_epi16(interleave, halves));
+                }
+            }
+        }
+    }
+}
+#endif
+
+/* y (num_rows, num_out) bfloat16 = x (num_rows, num_in) bfloat16 @ w.T (+ bias, float),
+ * w Q8_0 in pack_q8_q8's layout (packed int8, scales_offsets its float d and offsets).
+ * Returns as q4_linear. */
+int q8_linear(const void *x, int64_t x_stride, int64_t num_rows, int64_t num_in,
+              const int8_t *packed, const void *scales_offsets, const float *bias, void *y,
+              int64_t num_out, int num_threads) {
+#ifdef HAVE_BF16_DOT
+    if (num_in % BLOCK || x_stride % 2) return -1;
+    const struct gguf_weights weights = {(const uint8_t *)packed, scales_offsets, num_out, num_in,
+                                         dequantize_q8_strip, ROWS_FN, ROW_TILE_OR_AMX, 0};
+    return gemm_by_strips(x, x_stride, num_rows, &weights, bias, y, num_threads);
+#else
+    (void)x, (void)x_stride, (void)num_rows, (void)num_in, (void)packed, (void)scales_offsets;
+    (void)bias, (void)y, (void)num_out, (void)num_threads;
+    return -1;
+#endif
+}
+
 /* Q6_K weights (q6k.h) for any number of rows: the 4-bit GEMM's loop over strips of 32
  * columns (two of Q6_K's strips of 16), dequantized from Q6_K's own bits into a thread's
  * scratch, so a Q6_K layer keeps no dense copy for prefill and batched decode. Two ways,
