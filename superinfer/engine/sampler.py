@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from superinfer.core.outputs import ScheduledSequence, TokenLogprobs
+from superinfer.model.cpu_argmax import argmax
 from superinfer.sampling_params import SamplingParams
 
 _NEG_INF = float("-inf")
@@ -260,12 +261,12 @@ class Sampler:
     def _pick(self, logits: torch.Tensor, seqs: Sequence[ScheduledSequence]) -> torch.Tensor:
         is_greedy = [seq.sampling_params.is_greedy for seq in seqs]
         if all(is_greedy):
-            return logits.argmax(dim=-1)
+            return argmax(logits)
         probs = self._filtered_probs(logits, seqs)
         sampled = self._invert_cdf(probs, self._uniforms(seqs))
         if not any(is_greedy):
             return sampled
-        greedy = logits.argmax(dim=-1)
+        greedy = argmax(logits)
         return torch.where(torch.tensor(is_greedy, device=logits.device), greedy, sampled)
 
     def _filtered_probs(
