@@ -7,6 +7,8 @@ medians of per-step times.
 `model/cpu_attention.py`) against the PyTorch ops they replace, both through the modules.
 --what flat: the flat decode loop (`model/cpu_decode.py`) against the modules, kernels on
 in both.
+--what silu: the gated MLP's silu(gate) * up as one C call (`model/cpu_act.py`) against
+PyTorch's chunk, silu and multiply, in the flat loop.
 
 The default model as the server loads it (`--quantization auto`, bfloat16, oneDNN-packed
 dense layers). --batch 1: a 256-token prompt, then decode steps; --batch N: N sequences of
@@ -28,6 +30,7 @@ import torch
 from superinfer.model import decoder
 from superinfer.model.attention import SeqEntry
 from superinfer.model.attention_backend import select_backend
+from superinfer.model.cpu_act import act_kernel
 from superinfer.model.cpu_attention import PagedDecodeKernel, decode_kernel
 from superinfer.model.cpu_norm import norm_kernel
 from superinfer.model.loader import load_model
@@ -40,7 +43,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=16)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--what", choices=["norm-kv", "flat"], default="norm-kv")
+    parser.add_argument("--what", choices=["norm-kv", "flat", "silu"], default="norm-kv")
     args = parser.parse_args()
     if decode_kernel() is None or norm_kernel() is None:
         raise SystemExit("the CPU kernels did not build here")
@@ -57,13 +60,16 @@ def main() -> None:
     starts = [sum(counts[:i]) for i in range(len(counts))]
     tables = [list(range(s, s + n)) for s, n in zip(starts, counts)]
     can_write, flat = PagedDecodeKernel.can_write, model.model.flat_decode
-    if args.what == "flat" and flat is None:
+    if args.what in ("flat", "silu") and flat is None:
         raise SystemExit(f"no flat decode loop here: {model.use_flat_decode()}")
 
     def use_kernels(on: bool) -> None:
         """Turn the variant measured on (the new path) or off (what it replaces)."""
         if args.what == "flat":
             model.model.flat_decode = flat if on else None
+            return
+        if args.what == "silu":
+            decoder.act_kernel = act_kernel if on else (lambda: None)
             return
         model.model.flat_decode = None
         decoder.norm_kernel = norm_kernel if on else (lambda: None)
@@ -95,7 +101,9 @@ def main() -> None:
     medians = {on: statistics.median(t) * 1e3 for on, t in times.items()}
     print(f"batch {args.batch}, {args.rounds} rounds of {args.steps} steps, "
           f"{torch.get_num_threads()} threads")  # fmt: skip
-    old, new = ("modules", "flat loop") if args.what == "flat" else ("PyTorch ops", "fused kernels")
+    old, new = {"flat": ("modules", "flat loop"), "silu": ("PyTorch ops", "silu_mul")}.get(
+        args.what, ("PyTorch ops", "fused kernels")
+    )
     print(f"  {old:13} {medians[False]:7.2f} ms a step")
     print(f"  {new:13} {medians[True]:7.2f} ms a step ({medians[True] / medians[False]:.2f}x)")
     differing = sum(a != b for a, b in zip(tokens[True], tokens[False]))
