@@ -66,7 +66,8 @@ static inline void silu_mul_16(const uint16_t *gate, const uint16_t *up, uint16_
     const __m512 u = mask == 0xFFFF ? load_bf16(up) : load_bf16_part(up, mask);
     const __m512 e = exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), g));
     const __m512 silu = round_bf16(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e)));
-    const __m256i y = _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded_bits(_mm512_mul_ps(silu, u)), 16));
+    const __m512i product = rounded_bits(_mm512_mul_ps(silu, u));
+    const __m256i y = _mm512_cvtepi32_epi16(_mm512_srli_epi32(product, 16));
     _mm256_mask_storeu_epi16(out, mask, y);
 }
 #endif

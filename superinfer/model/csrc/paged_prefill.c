@@ -203,6 +203,29 @@ static void store_row(const float *acc, float sum, int head_dim, uint16_t *out) 
     }
 }
 
+/* The first key tile a work item reads: the one holding its first query's earliest
+ * visible key (past the window, and never before the blocks the table holds). */
+static int64_t first_key_tile(const struct chunk *c, int64_t first_pos) {
+    int64_t lo = c->window > 0 ? first_pos - c->window + 1 : 0;
+    if (lo < c->first_position) lo = c->first_position;
+    return lo - (lo - c->first_position) % KEY_TILE;
+}
+
+/* The keys of the tile at k0 that the query at pos sees (causal, and the window), a mask
+ * per 16; returns whether it sees any. Keys past the chunk's last are past pos too. */
+static int visible_keys(const struct chunk *c, int64_t k0, int pos, __mmask16 valid[KEY_VECS]) {
+    const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    int is_any = 0;
+    for (int v = 0; v < KEY_VECS; v++) {
+        const __m512i keys = _mm512_add_epi32(_mm512_set1_epi32((int)k0 + 16 * v), lanes);
+        valid[v] = _mm512_cmple_epi32_mask(keys, _mm512_set1_epi32(pos));
+        if (c->window > 0)
+            valid[v] &= _mm512_cmpgt_epi32_mask(keys, _mm512_set1_epi32(pos - c->window));
+        is_any |= valid[v] != 0;
+    }
+    return is_any;
+}
+
 /* Query tokens [first, first + num_tokens) of the chunk, the query heads of `kv_head`;
  * acc: scratch for QUERY_TILE * group rows of head_dim floats. */
 static void attend_tile(const struct chunk *c, int kv_head, int first, int num_tokens,
@@ -212,10 +235,7 @@ static void attend_tile(const struct chunk *c, int kv_head, int first, int num_t
     for (int r = 0; r < num_rows; r++) row_max[r] = -INFINITY, row_sum[r] = 0.f;
     memset(acc, 0, sizeof(float) * (size_t)num_rows * c->head_dim);
     const int64_t first_pos = c->num_context + first, last_pos = first_pos + num_tokens - 1;
-    int64_t lo = c->window > 0 ? first_pos - c->window + 1 : 0;
-    if (lo < c->first_position) lo = c->first_position;
-    const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    for (int64_t k0 = lo - (lo - c->first_position) % KEY_TILE; k0 <= last_pos; k0 += KEY_TILE) {
+    for (int64_t k0 = first_key_tile(c, first_pos); k0 <= last_pos; k0 += KEY_TILE) {
         const int num_keys = last_pos - k0 + 1 < KEY_TILE ? (int)(last_pos - k0 + 1) : KEY_TILE;
         load_key_tile(c, kv_head, k0, num_keys, tile);
         for (int t = 0; t < num_tokens; t++) {
@@ -223,15 +243,7 @@ static void attend_tile(const struct chunk *c, int kv_head, int first, int num_t
             if (pos < k0) continue;
             const int num_seen = pos - k0 + 1 < KEY_TILE ? (int)(pos - k0 + 1) : KEY_TILE;
             __mmask16 valid[KEY_VECS];
-            int is_any = 0;
-            for (int v = 0; v < KEY_VECS; v++) {
-                const __m512i keys = _mm512_add_epi32(_mm512_set1_epi32((int)k0 + 16 * v), lanes);
-                valid[v] = _mm512_cmple_epi32_mask(keys, _mm512_set1_epi32(pos));
-                if (c->window > 0)
-                    valid[v] &= _mm512_cmpgt_epi32_mask(keys, _mm512_set1_epi32(pos - c->window));
-                is_any |= valid[v] != 0;
-            }
-            if (!is_any) continue;
+            if (!visible_keys(c, k0, pos, valid)) continue;
             for (int g = 0; g < group; g++) {
                 const int r = t * group + g, head = kv_head * group + g;
                 const uint16_t *q = c->q + (int64_t)(first + t) * c->q_stride +
@@ -339,10 +351,7 @@ static void attend_tile_amx(const struct chunk *c, int kv_head, int first, int n
     for (int t = 0; t < 8; t++) config.rows[t] = 16, config.bytes_per_row[t] = 64;
     _tile_loadconfig(&config);
     const int64_t first_pos = c->num_context + first, last_pos = first_pos + num_tokens - 1;
-    int64_t lo = c->window > 0 ? first_pos - c->window + 1 : 0;
-    if (lo < c->first_position) lo = c->first_position;
-    const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    for (int64_t k0 = lo - (lo - c->first_position) % KEY_TILE; k0 <= last_pos; k0 += KEY_TILE) {
+    for (int64_t k0 = first_key_tile(c, first_pos); k0 <= last_pos; k0 += KEY_TILE) {
         const int num_keys = last_pos - k0 + 1 < KEY_TILE ? (int)(last_pos - k0 + 1) : KEY_TILE;
         const int num_vecs = (num_keys + 15) / 16;
         load_key_tile(c, kv_head, k0, num_keys, tile);
@@ -354,18 +363,9 @@ static void attend_tile_amx(const struct chunk *c, int kv_head, int first, int n
             memset(s->p, 0, sizeof s->p);
             for (int i = 0; i < num_here; i++) {
                 const int r = row0 + i;
-                const int64_t pos = first_pos + r / group;
                 __mmask16 valid[KEY_VECS];
-                int is_any = 0;
-                for (int v = 0; v < KEY_VECS; v++) {
-                    const __m512i keys = _mm512_add_epi32(_mm512_set1_epi32((int)k0 + 16 * v), lanes);
-                    valid[v] = v < num_vecs ? _mm512_cmple_epi32_mask(keys, _mm512_set1_epi32((int)pos)) : 0;
-                    if (c->window > 0)
-                        valid[v] &= _mm512_cmpgt_epi32_mask(keys, _mm512_set1_epi32((int)(pos - c->window)));
-                    is_any |= valid[v] != 0;
-                }
                 rescale[i] = -1.f; /* no key of this tile: the row is left as it is */
-                if (!is_any) continue;
+                if (!visible_keys(c, k0, (int)first_pos + r / group, valid)) continue;
                 __m512 sums[KEY_VECS];
                 for (int v = 0; v < num_vecs; v++) sums[v] = _mm512_load_ps(s->scores[i] + 16 * v);
                 rescale[i] = softmax_update(sums, c->scale, valid, num_vecs, &row_max[r],

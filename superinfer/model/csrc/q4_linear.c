@@ -337,7 +337,8 @@ static void dequantize_q8_strip(const struct gguf_weights *weights, int64_t s, u
         for (int64_t b = 0; b < num_blocks; b++) {
             uint32_t *out = w + (b * 16 * 2 + h) * 16; /* pair p at out + p * 32 */
             if (q8_strip >= num_q8_strips) { /* columns past num_out: zero weights */
-                for (int p = 0; p < 16; p++) _mm512_storeu_si512(out + p * 32, _mm512_setzero_si512());
+                for (int p = 0; p < 16; p++)
+                    _mm512_storeu_si512(out + p * 32, _mm512_setzero_si512());
                 continue;
             }
             const int64_t record = q8_strip * num_blocks + b;
