@@ -16,14 +16,14 @@ strip (its layout is AMX's), 3-6x faster from 16 rows on this model's shapes and
 than the GEMV from 4 rows (docs/results/models/amx_1206/). `use_amx` turns it off and on;
 `SUPERINFER_AMX=0` keeps the AVX-512 rows.
 
-Q8_0 layers (the default model's lm_head, tied to its Q8_0 embedding) take it on the
-GEMV's 8-bit weights (`Q8Gemm`), each strip dequantized to the weights the dense copy they
-replace held. Q6_K layers (`cpu_gemv.Q6KWeights`, Q6_K's own bits) take the same GEMM (`linear_q6k`),
-each strip dequantized from those bits into the scratch: for up to `Q6K_SCALED_MAX_ROWS`
-rows to q - 32 with each 16 inputs' d sc applied to the rows' sums (as the GEMV does),
-beyond (and on AMX, for every step) to the weights the dequantized file holds, rounded to
-bfloat16. So a Q4_K_M file's Q6_K layers keep no dense copy either, and a Q6_K embedding
-looks its rows up in them (`q6k_rows`).
+Where it runs on AMX, Q8_0 layers (the default model's lm_head, tied to its Q8_0
+embedding) take it too, on the GEMV's 8-bit weights (`Q8Gemm`), each strip dequantized to
+the weights the dense copy they replace held. Q6_K layers (`cpu_gemv.Q6KWeights`, Q6_K's
+own bits) take the same GEMM (`linear_q6k`), each strip dequantized from those bits into
+the scratch: for up to `Q6K_SCALED_MAX_ROWS` rows to q - 32 with each 16 inputs' d sc
+applied to the rows' sums (as the GEMV does), beyond (and on AMX, for every step) to the
+weights the dequantized file holds, rounded to bfloat16. So a Q4_K_M file's Q6_K layers
+keep no dense copy either, and a Q6_K embedding looks its rows up in them (`q6k_rows`).
 """
 
 from __future__ import annotations
@@ -140,8 +140,8 @@ class Q4Kernel:
             raise IndexError(f"token ids out of range for {weights.num_out} embeddings")
         return out.view(*ids.shape, weights.num_in)
 
-    def _run(self, fn: ctypes._CFuncPtr, x: Tensor, weights: Q4Weights | Q6KWeights | Q8Weights,
-             scales: Tensor) -> Tensor:  # fmt: skip
+    def _run(self, fn: ctypes._CFuncPtr, x: Tensor,
+             weights: Q4Weights | Q6KWeights | Q8Weights, scales: Tensor) -> Tensor:  # fmt: skip
         if x.dim() != 2 or x.shape[1] != weights.num_in:
             raise ValueError(f"x {tuple(x.shape)}: the layer takes {weights.num_in} inputs")
         if x.stride(-1) != 1 or x.stride(0) % 2:

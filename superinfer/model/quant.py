@@ -575,10 +575,12 @@ def swap_int4_linears(
     LM_HEAD_GEMV_MAX_ROWS (LM_HEAD_MAX_INT4_ROWS on the int4 kernel): on one (vocab,
     hidden) matrix oneDNN's bfloat16 GEMM reads at full bandwidth (benchmarks/int4_rows.py).
     Where the GEMM runs on AMX, Q8_0 layers (lm_head) take its Q8_0 form over the GEMV's
-    8-bit weights instead of a dense copy (the same bfloat16 weights; on the default
-    model's lm_head 0.77x the dense copy's time at 32 rows, 1.1x at 6-8, and 56 MB less;
-    on AVX-512 rows it was 4x slower, so the dense copy stays there). With `is_w4a8` (and `max_int4_rows`), the larger steps of every swapped layer (4-bit and
-    Q8_0) run `cpu_w4a8`'s GEMM instead, which rounds their activations to 8 bits."""
+    8-bit weights instead of a dense copy: the same bfloat16 weights, 56 MB less on the
+    default model's lm_head, within noise of the copy's time up to 32 rows and 1.5x it at
+    64 (docs/results/models/amx_attention_1206/); on AVX-512 rows it was 2-4x slower, so
+    the dense copy stays there. With `is_w4a8` (and `max_int4_rows`), the larger steps of
+    every swapped layer (4-bit and Q8_0) run `cpu_w4a8`'s GEMM instead, which rounds their
+    activations to 8 bits."""
     head_dim = model.config.head_dim
     swapped = []
     for name, parts in planes.items():
