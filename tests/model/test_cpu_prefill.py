@@ -60,7 +60,9 @@ def _entries(spans: list[tuple[int, int]], seed: int = 1) -> list[SeqEntry]:
     [([(0, 37)], None), ([(0, 256)], None), ([(100, 50)], None), ([(300, 300)], 200),
      ([(1000, 24)], 64), ([(0, 5), (40, 3), (0, 70)], None), ([(21, 40), (0, 1)], 30)],
 )  # fmt: skip
-@pytest.mark.parametrize("heads, head_dim", [((9, 3), 64), ((8, 2), 128), ((4, 4), 32)])
+@pytest.mark.parametrize(
+    "heads, head_dim", [((9, 3), 64), ((8, 2), 128), ((4, 4), 32), ((16, 1), 64)]
+)
 def test_matches_the_reference(spans, window, heads, head_dim, rows_on):
     """Chunks without and with cached context, windows, several chunks in a step (with a
     decode), group sizes 3, 4 and 1, on AVX-512 and on AMX tiles (where the GEMMs' rows

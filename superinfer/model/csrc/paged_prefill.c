@@ -9,8 +9,9 @@
  *
  * bfloat16 cache, head_dim a multiple of 32, and AVX-512 BF16 only; anything else returns
  * -1 and the caller keeps SDPA. Flash attention on tiles of KEY_TILE keys:
- * - a work item is one kv head and QUERY_TILE query tokens: its group's query heads share
- *   every K and V tile it loads;
+ * - a work item is one kv head and QUERY_TILE (64) query tokens, fewer when a short chunk
+ *   would leave a thread idle: its group's query heads share every K and V tile it loads
+ *   (64 tokens where 16 were: 0.7-0.9x the time from 256 tokens on the rows' path);
  * - a K tile is transposed into pairs of dims (16 keys x 2 dims a vector), so q.k for 16
  *   keys is head_dim / 2 vdpbf16ps with q's pairs broadcast, without horizontal sums;
  * - each (query, head) row keeps a running max, sum and V sums, rescaled tile by tile; a
@@ -18,9 +19,11 @@
  *   paid them four times (1.2-1.4x faster on SmolLM2's shapes, 256-1024 tokens);
  *   P is rounded to bfloat16 for p.V, as FlashAttention rounds it, and p.V runs on
  *   interleaved key pairs as in paged_decode.c;
- * - on AMX (attend_tile_amx), q.k and p.V of 16 rows at a time are tile multiply-adds:
- *   0.38-0.45x the time of the rows on `vdpbf16ps` from 256 tokens on a Xeon
- *   (benchmarks/prefill_attention.py).
+ * - on AMX (attend_tile_amx) the work item is transposed: 16 rows are a vector's lanes,
+ *   S^T = K.Q^T and O^T = V^T.P^T are tile multiply-adds, and the softmax is vertical.
+ *   0.5-0.7x the time of the earlier AMX form (rows as tile rows, a softmax per row)
+ *   from 512 tokens of context, about even at 256 (benchmarks/prefill_attention.py);
+ *   0.25-0.35x the rows on `vdpbf16ps`.
  */
 #include <math.h>
 #include <stdint.h>
@@ -29,7 +32,7 @@
 
 #define MAX_HEAD_DIM 256
 #define MAX_GROUP 16
-#define QUERY_TILE 16
+#define QUERY_TILE 64
 #define KEY_TILE 64 /* keys per softmax update: its max, rescale and sums are paid once per 64 */
 #define KEY_VECS (KEY_TILE / 16)
 
@@ -131,7 +134,8 @@ static float softmax_update(const __m512 sums[KEY_VECS], float scale_factor,
         total = _mm512_add_ps(total, p);
         _mm256_storeu_si256((__m256i *)(weights + 8 * v), (__m256i)_mm512_cvtneps_pbh(p));
     }
-    const float rescale = *row_max == -INFINITY ? 0.f : expf(*row_max - new_max);
+    const float rescale = *row_max == new_max ? 1.f
+                          : *row_max == -INFINITY ? 0.f : expf(*row_max - new_max);
     *row_sum = *row_sum * rescale + _mm512_reduce_add_ps(total);
     *row_max = new_max;
     return rescale;
@@ -214,6 +218,10 @@ static int64_t first_key_tile(const struct chunk *c, int64_t first_pos) {
 /* The keys of the tile at k0 that the query at pos sees (causal, and the window), a mask
  * per 16; returns whether it sees any. Keys past the chunk's last are past pos too. */
 static int visible_keys(const struct chunk *c, int64_t k0, int pos, __mmask16 valid[KEY_VECS]) {
+    if (k0 + KEY_TILE - 1 <= pos && (c->window <= 0 || k0 > pos - c->window)) {
+        for (int v = 0; v < KEY_VECS; v++) valid[v] = 0xffff;
+        return 1;
+    }
     const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     int is_any = 0;
     for (int v = 0; v < KEY_VECS; v++) {
@@ -262,17 +270,26 @@ static void attend_tile(const struct chunk *c, int kv_head, int first, int num_t
 }
 
 #ifdef HAVE_AMX
-/* The same work item on AMX tiles (where the GEMMs run on AMX, q4_use_amx): q.k and p.V of
- * 16 (query, head) rows at a time are tile multiply-adds, 16 rows by 32 of head_dim or of
- * the keys; the running softmax stays softmax_update's, per row, in AVX-512. The K tile's
- * dim pairs and the V tile's key pairs are already AMX's layout for the second operand.
- * Tiles 0-3 hold sums (the scores of 4 vectors of keys, or 4 blocks of 16 dims of p.V),
- * 4 the rows' operand (q's dims, p's keys), 6 and 7 the keys' or values'. */
+/* The same work item on AMX tiles (where the GEMMs run on AMX, q4_use_amx), transposed:
+ * 16 (query, head) rows at a time are the 16 lanes of a vector, so the running softmax is
+ * vertical (one vector per key, no horizontal max or sum, no scalar exp) and the keys are
+ * AMX's first operand straight from their cache block:
+ * - S^T (keys x rows) = K . Q^T: K's 16 rows of a block are a tile as they lie; Q^T's dim
+ *   pairs are laid out once per work item (the second operand's layout);
+ * - O^T (dims x rows) += V^T . P^T: V^T is laid out once per key tile for all the item's
+ *   rows; P^T's key pairs interleave two keys' vectors.
+ * Tiles 0-3 hold sums (4 groups of 16 keys, or 4 blocks of 16 dims), 4 the second operand
+ * (Q^T, P^T), 6 and 7 the first (K, V^T). Needs block_size a multiple of 16 (a group of
+ * 16 keys in one block); the caller runs the rows' path otherwise. */
 struct amx_scratch {
-    uint16_t *q_rows;                                     /* the item's rows, head_dim apart */
-    float scores[16][KEY_TILE] __attribute__((aligned(64)));
-    uint16_t p[16][KEY_TILE] __attribute__((aligned(64))); /* P in bfloat16, a row per row */
-    float pv[16][MAX_HEAD_DIM] __attribute__((aligned(64)));
+    uint32_t *q_t;                                 /* Q^T: [row group][dim pair][16 rows] */
+    float *acc_t;                                  /* O^T: [row group][head_dim][16 rows] */
+    float scores_t[KEY_TILE][16] __attribute__((aligned(64)));
+    uint32_t p_t[KEY_TILE / 2][16] __attribute__((aligned(64))); /* P^T, key pairs */
+    uint16_t v_t[MAX_HEAD_DIM][KEY_TILE] __attribute__((aligned(64)));
+    uint16_t k_part[16][MAX_HEAD_DIM] __attribute__((aligned(64))); /* a group past the last key */
+    float pv_t[MAX_HEAD_DIM][16] __attribute__((aligned(64)));
+    __mmask16 visible[KEY_TILE];
 };
 
 struct amx_config {
@@ -281,38 +298,164 @@ struct amx_config {
     uint8_t rows[16];
 };
 
-#define QK_VEC(v, b)                                                               \
-    if ((v) < num_vecs) {                                                          \
-        _tile_loadd(b, tile->k_pairs[16 * ks] + 16 * (v), KEY_TILE * 4);           \
-        _tile_dpbf16ps(v, 4, b);                                                   \
-    }
-#define PV_BLOCK(n, b)                                                             \
-    if (d0 + (n) < num_blocks) {                                                   \
-        _tile_loadd(b, &tile->v_pairs[16 * ks][d0 + (n)], sizeof tile->v_pairs[0]); \
-        _tile_dpbf16ps(n, 4, b);                                                   \
-    }
+static const uint16_t *key_row(const struct chunk *c, int kv_head, int64_t key) {
+    const int64_t at = key - c->first_position;
+    return c->cache + c->block_table[at / c->block_size] * c->block_stride + c->layer_offset +
+           (at % c->block_size) * c->num_kv_heads * c->head_dim + (int64_t)kv_head * c->head_dim;
+}
 
-/* q.k of rows [row0, row0 + 16) against the tile's num_vecs vectors of keys -> scores */
-static void amx_scores(const struct chunk *c, const struct key_tile *tile, int num_vecs,
-                       const uint16_t *rows, struct amx_scratch *s) {
+/* r[i][j] -> r[j][i], 16 x 16 dwords: pairs, then quads, then 128-bit lanes. */
+static void transpose16(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) { /* r[i + c], lane L: column 4L + c of rows i..i+3 */
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int col = 0; col < 4; col++) {
+        const __m512i a = _mm512_shuffle_i32x4(r[col], r[4 + col], _MM_SHUFFLE(2, 0, 2, 0));
+        const __m512i b = _mm512_shuffle_i32x4(r[col], r[4 + col], _MM_SHUFFLE(3, 1, 3, 1));
+        const __m512i e = _mm512_shuffle_i32x4(r[8 + col], r[12 + col], _MM_SHUFFLE(2, 0, 2, 0));
+        const __m512i f = _mm512_shuffle_i32x4(r[8 + col], r[12 + col], _MM_SHUFFLE(3, 1, 3, 1));
+        t[col] = _mm512_shuffle_i32x4(a, e, _MM_SHUFFLE(2, 0, 2, 0));
+        t[8 + col] = _mm512_shuffle_i32x4(a, e, _MM_SHUFFLE(3, 1, 3, 1));
+        t[4 + col] = _mm512_shuffle_i32x4(b, f, _MM_SHUFFLE(2, 0, 2, 0));
+        t[12 + col] = _mm512_shuffle_i32x4(b, f, _MM_SHUFFLE(3, 1, 3, 1));
+    }
+    for (int i = 0; i < 16; i++) r[i] = t[i];
+}
+
+/* V^T of the tile's first num_keys keys (0 past them): two keys' rows interleaved into
+ * dwords of (key 2i, key 2i + 1) for 16 dims, then 16 such pairs transposed into 16 dims'
+ * rows of 32 keys. */
+static void load_values_t(const struct chunk *c, int kv_head, int64_t k0, int num_keys,
+                          struct amx_scratch *s) {
+    static const uint16_t zeros[MAX_HEAD_DIM];
+    static const uint16_t pick[2][32] = {
+        {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+         8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47},
+        {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
+         24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63}};
+    const __m512i first_half = _mm512_loadu_si512((const void *)pick[0]);
+    const __m512i second_half = _mm512_loadu_si512((const void *)pick[1]);
+    const uint16_t *rows[KEY_TILE];
+    for (int i = 0; i < KEY_TILE; i++)
+        rows[i] = i < num_keys ? key_row(c, kv_head, k0 + i) + c->v_offset : zeros;
+    for (int kb = 0; kb < KEY_TILE / 32; kb++)
+        for (int d = 0; d < c->head_dim; d += 32) {
+            __m512i lo[16], hi[16];
+            for (int i = 0; i < 16; i++) {
+                const __m512i a = _mm512_loadu_si512((const void *)(rows[32 * kb + 2 * i] + d));
+                const __m512i b = _mm512_loadu_si512((const void *)(rows[32 * kb + 2 * i + 1] + d));
+                lo[i] = _mm512_permutex2var_epi16(a, first_half, b);
+                hi[i] = _mm512_permutex2var_epi16(a, second_half, b);
+            }
+            transpose16(lo);
+            transpose16(hi);
+            for (int j = 0; j < 16; j++) {
+                _mm512_store_si512((void *)&s->v_t[d + j][32 * kb], lo[j]);
+                _mm512_store_si512((void *)&s->v_t[d + 16 + j][32 * kb], hi[j]);
+            }
+        }
+}
+
+/* S^T of the row group (Q^T at q_t) against the tile's num_keys keys -> scores_t. */
+static void amx_scores_t(const struct chunk *c, int kv_head, int64_t k0, int num_keys,
+                         const uint32_t *q_t, struct amx_scratch *s) {
+    const int num_groups = (num_keys + 15) / 16, token_bytes = c->num_kv_heads * c->head_dim * 2;
+    const uint16_t *keys[4];
+    int stride[4];
+    for (int g = 0; g < num_groups; g++) {
+        const int num_here = num_keys - 16 * g < 16 ? num_keys - 16 * g : 16;
+        keys[g] = key_row(c, kv_head, k0 + 16 * g), stride[g] = token_bytes;
+        if (num_here < 16) { /* the rows past the last key are not in the table: zeros */
+            for (int i = 0; i < 16; i++)
+                if (i < num_here) memcpy(s->k_part[i], keys[g] + (int64_t)i * token_bytes / 2,
+                                         sizeof(uint16_t) * c->head_dim);
+                else memset(s->k_part[i], 0, sizeof(uint16_t) * c->head_dim);
+            keys[g] = s->k_part[0], stride[g] = sizeof s->k_part[0];
+        }
+    }
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
     for (int ks = 0; ks < c->head_dim / 32; ks++) {
-        _tile_loadd(4, rows + 32 * ks, c->head_dim * 2);
-        QK_VEC(0, 6) QK_VEC(1, 7) QK_VEC(2, 6) QK_VEC(3, 7)
+        _tile_loadd(4, q_t + 16 * 16 * ks, 64);
+#define QK_GROUP(g, b)                                          \
+        if ((g) < num_groups) {                                 \
+            _tile_loadd(b, keys[g] + 32 * ks, stride[g]);       \
+            _tile_dpbf16ps(g, b, 4);                            \
+        }
+        QK_GROUP(0, 6) QK_GROUP(1, 7) QK_GROUP(2, 6) QK_GROUP(3, 7)
+#undef QK_GROUP
     }
-    _tile_stored(0, s->scores[0], KEY_TILE * 4);
-    if (num_vecs > 1) _tile_stored(1, s->scores[0] + 16, KEY_TILE * 4);
-    if (num_vecs > 2) _tile_stored(2, s->scores[0] + 32, KEY_TILE * 4);
-    if (num_vecs > 3) _tile_stored(3, s->scores[0] + 48, KEY_TILE * 4);
+    _tile_stored(0, s->scores_t[0], 64);
+    if (num_groups > 1) _tile_stored(1, s->scores_t[16], 64);
+    if (num_groups > 2) _tile_stored(2, s->scores_t[32], 64);
+    if (num_groups > 3) _tile_stored(3, s->scores_t[48], 64);
 }
 
-/* p (16 rows, the tile's first num_keys keys) . V -> pv, blocks of 16 dims in the lanes'
- * order of v_pairs (store_row puts them back) */
-static void amx_values(const struct chunk *c, const struct key_tile *tile, int num_keys,
-                       struct amx_scratch *s) {
+/* The running softmax of 16 rows (lanes) over the tile's scores_t: P^T into p_t in key
+ * pairs, row_max and row_sum (16 lanes at rm, rs) updated. `pos`: each lane's position
+ * (-1 for a padding row, which sees nothing); num_keys: the keys of the tile that exist.
+ * Returns the factor each lane's earlier O^T takes. */
+static __m512 softmax_update_t(const struct chunk *c, int64_t k0, int num_keys, __m512i pos,
+                               float *rm, float *rs, struct amx_scratch *s) {
+    const __m512 scale = _mm512_set1_ps(c->scale), minus_inf = _mm512_set1_ps(-INFINITY);
+    const int min_pos = _mm512_reduce_min_epi32(pos), max_pos = _mm512_reduce_max_epi32(pos);
+    const int is_all_visible = min_pos >= 0 && k0 + KEY_TILE - 1 <= min_pos &&
+                               (c->window <= 0 || k0 > max_pos - c->window);
+    const __m512i low = _mm512_sub_epi32(pos, _mm512_set1_epi32(c->window));
+    __m512 top = _mm512_loadu_ps(rm);
+    const __m512 old_max = top;
+    for (int k = 0; k < KEY_TILE; k++) {
+        __m512 x = _mm512_mul_ps(_mm512_load_ps(s->scores_t[k]), scale);
+        if (!is_all_visible) {
+            const __m512i key = _mm512_set1_epi32((int)(k0 + k));
+            __mmask16 seen = k < num_keys ? _mm512_cmpge_epi32_mask(pos, key) : 0;
+            if (c->window > 0) seen &= _mm512_cmplt_epi32_mask(low, key);
+            s->visible[k] = seen;
+            x = _mm512_mask_mov_ps(minus_inf, seen, x);
+        }
+        _mm512_store_ps(s->scores_t[k], x);
+        top = _mm512_max_ps(top, x);
+    }
+    /* a lane that has seen no key yet keeps -inf: shift it by 0, its P is masked to 0 */
+    const __mmask16 is_seen = _mm512_cmp_ps_mask(top, minus_inf, _CMP_NEQ_OQ);
+    const __m512 shift = _mm512_maskz_mov_ps(is_seen, top);
+    const __m512i interleave = _mm512_setr_epi32(0x00100000, 0x00110001, 0x00120002, 0x00130003,
+        0x00140004, 0x00150005, 0x00160006, 0x00170007, 0x00180008, 0x00190009, 0x001a000a,
+        0x001b000b, 0x001c000c, 0x001d000d, 0x001e000e, 0x001f000f);
+    __m512 total = _mm512_setzero_ps();
+    for (int k = 0; k < KEY_TILE; k += 2) {
+        __m512 p0 = exp16(_mm512_sub_ps(_mm512_load_ps(s->scores_t[k]), shift));
+        __m512 p1 = exp16(_mm512_sub_ps(_mm512_load_ps(s->scores_t[k + 1]), shift));
+        if (!is_all_visible) {
+            p0 = _mm512_maskz_mov_ps(s->visible[k], p0);
+            p1 = _mm512_maskz_mov_ps(s->visible[k + 1], p1);
+        }
+        total = _mm512_add_ps(total, _mm512_add_ps(p0, p1));
+        const __m512i pair = (__m512i)_mm512_cvtne2ps_pbh(p1, p0); /* p0's 16, then p1's */
+        _mm512_store_si512((void *)s->p_t[k / 2], _mm512_permutexvar_epi16(interleave, pair));
+    }
+    /* e^(old - new): 1 where the max stayed, 0 (well, under 1e-37, times 0) from -inf */
+    const __m512 rescale = _mm512_mask_mov_ps(
+        _mm512_set1_ps(1.f), _mm512_cmp_ps_mask(old_max, top, _CMP_NEQ_OQ),
+        exp16(_mm512_sub_ps(old_max, shift)));
+    _mm512_storeu_ps(rs, _mm512_fmadd_ps(_mm512_loadu_ps(rs), rescale, total));
+    _mm512_storeu_ps(rm, top);
+    return rescale;
+}
+
+/* O^T (16 rows' acc_t) = O^T * rescale + V^T . P^T over the tile's num_keys keys. */
+static void amx_values_t(const struct chunk *c, int num_keys, __m512 rescale, float *acc_t,
+                         struct amx_scratch *s) {
     const int num_blocks = c->head_dim / 16, num_steps = (num_keys + 31) / 32;
     for (int d0 = 0; d0 < num_blocks; d0 += 4) {
         _tile_zero(0);
@@ -320,73 +463,85 @@ static void amx_values(const struct chunk *c, const struct key_tile *tile, int n
         _tile_zero(2);
         _tile_zero(3);
         for (int ks = 0; ks < num_steps; ks++) {
-            _tile_loadd(4, s->p[0] + 32 * ks, KEY_TILE * 2);
+            _tile_loadd(4, s->p_t[16 * ks], 64);
+#define PV_BLOCK(n, b)                                                         \
+            if (d0 + (n) < num_blocks) {                                       \
+                _tile_loadd(b, &s->v_t[16 * (d0 + (n))][32 * ks], KEY_TILE * 2); \
+                _tile_dpbf16ps(n, b, 4);                                       \
+            }
             PV_BLOCK(0, 6) PV_BLOCK(1, 7) PV_BLOCK(2, 6) PV_BLOCK(3, 7)
+#undef PV_BLOCK
         }
-        const int stride = MAX_HEAD_DIM * 4;
-        _tile_stored(0, s->pv[0] + 16 * d0, stride);
-        if (d0 + 1 < num_blocks) _tile_stored(1, s->pv[0] + 16 * (d0 + 1), stride);
-        if (d0 + 2 < num_blocks) _tile_stored(2, s->pv[0] + 16 * (d0 + 2), stride);
-        if (d0 + 3 < num_blocks) _tile_stored(3, s->pv[0] + 16 * (d0 + 3), stride);
+        _tile_stored(0, s->pv_t[16 * d0], 64);
+        if (d0 + 1 < num_blocks) _tile_stored(1, s->pv_t[16 * (d0 + 1)], 64);
+        if (d0 + 2 < num_blocks) _tile_stored(2, s->pv_t[16 * (d0 + 2)], 64);
+        if (d0 + 3 < num_blocks) _tile_stored(3, s->pv_t[16 * (d0 + 3)], 64);
     }
+    for (int d = 0; d < c->head_dim; d++)
+        _mm512_store_ps(acc_t + 16 * d, _mm512_fmadd_ps(_mm512_load_ps(acc_t + 16 * d), rescale,
+                                                        _mm512_load_ps(s->pv_t[d])));
 }
 
+/* Row group g of the item: row r = g * 16 + lane is token r / group, head r % group. */
 static void attend_tile_amx(const struct chunk *c, int kv_head, int first, int num_tokens,
-                            struct key_tile *tile, float *acc, struct amx_scratch *s) {
+                            struct amx_scratch *s) {
     const int group = c->num_heads / c->num_kv_heads, num_rows = num_tokens * group;
-    const int num_padded = (num_rows + 15) / 16 * 16;
+    const int num_row_groups = (num_rows + 15) / 16, num_pairs = c->head_dim / 2;
     float row_max[QUERY_TILE * MAX_GROUP], row_sum[QUERY_TILE * MAX_GROUP];
-    for (int r = 0; r < num_rows; r++) row_max[r] = -INFINITY, row_sum[r] = 0.f;
-    memset(acc, 0, sizeof(float) * (size_t)num_rows * c->head_dim);
-    for (int r = 0; r < num_padded; r++) { /* row r: token r / group, head r % group */
-        uint16_t *row = s->q_rows + (int64_t)r * c->head_dim;
-        if (r < num_rows)
-            memcpy(row, c->q + (int64_t)(first + r / group) * c->q_stride +
-                            (int64_t)(kv_head * group + r % group) * c->head_dim,
-                   sizeof(uint16_t) * c->head_dim);
-        else
-            memset(row, 0, sizeof(uint16_t) * c->head_dim);
-    }
+    for (int r = 0; r < 16 * num_row_groups; r++) row_max[r] = -INFINITY, row_sum[r] = 0.f;
+    memset(s->acc_t, 0, sizeof(float) * 16 * (size_t)num_row_groups * c->head_dim);
+    const int64_t first_pos = c->num_context + first, last_pos = first_pos + num_tokens - 1;
+    for (int g = 0; g < num_row_groups; g++) /* Q^T: q_t[g][pair][lane], 16 pairs at a time */
+        for (int j = 0; j < num_pairs; j += 16) {
+            __m512i rows[16];
+            for (int lane = 0; lane < 16; lane++) {
+                const int r = 16 * g + lane;
+                rows[lane] = r < num_rows
+                    ? _mm512_loadu_si512((const void *)(c->q + (int64_t)(first + r / group) * c->q_stride +
+                                                        (int64_t)(kv_head * group + r % group) * c->head_dim + 2 * j))
+                    : _mm512_setzero_si512();
+            }
+            transpose16(rows);
+            for (int i = 0; i < 16; i++)
+                _mm512_storeu_si512((void *)(s->q_t + ((int64_t)g * num_pairs + j + i) * 16), rows[i]);
+        }
     struct amx_config config __attribute__((aligned(64))) = {.palette = 1};
     for (int t = 0; t < 8; t++) config.rows[t] = 16, config.bytes_per_row[t] = 64;
     _tile_loadconfig(&config);
-    const int64_t first_pos = c->num_context + first, last_pos = first_pos + num_tokens - 1;
     for (int64_t k0 = first_key_tile(c, first_pos); k0 <= last_pos; k0 += KEY_TILE) {
         const int num_keys = last_pos - k0 + 1 < KEY_TILE ? (int)(last_pos - k0 + 1) : KEY_TILE;
-        const int num_vecs = (num_keys + 15) / 16;
-        load_key_tile(c, kv_head, k0, num_keys, tile);
-        for (int row0 = 0; row0 < num_rows; row0 += 16) {
-            const int num_here = num_rows - row0 < 16 ? num_rows - row0 : 16;
-            if (first_pos + (row0 + num_here - 1) / group < k0) continue; /* all before k0 */
-            amx_scores(c, tile, num_vecs, s->q_rows + (int64_t)row0 * c->head_dim, s);
-            float rescale[16];
-            memset(s->p, 0, sizeof s->p);
-            for (int i = 0; i < num_here; i++) {
-                const int r = row0 + i;
-                __mmask16 valid[KEY_VECS];
-                rescale[i] = -1.f; /* no key of this tile: the row is left as it is */
-                if (!visible_keys(c, k0, (int)first_pos + r / group, valid)) continue;
-                __m512 sums[KEY_VECS];
-                for (int v = 0; v < num_vecs; v++) sums[v] = _mm512_load_ps(s->scores[i] + 16 * v);
-                rescale[i] = softmax_update(sums, c->scale, valid, num_vecs, &row_max[r],
-                                            &row_sum[r], (uint32_t *)s->p[i]);
+        load_values_t(c, kv_head, k0, num_keys, s);
+        for (int g = 0; g < num_row_groups; g++) {
+            const int last_row = 16 * g + 15 < num_rows - 1 ? 16 * g + 15 : num_rows - 1;
+            if (first_pos + last_row / group < k0) continue; /* the group sees none of it */
+            int32_t positions[16]; /* each lane's query position; -1: a padding row */
+            for (int lane = 0; lane < 16; lane++) {
+                const int r = 16 * g + lane;
+                positions[lane] = r < num_rows ? (int)first_pos + r / group : -1;
             }
-            amx_values(c, tile, num_keys, s);
-            for (int i = 0; i < num_here; i++) {
-                if (rescale[i] < 0.f) continue;
-                float *a = acc + (int64_t)(row0 + i) * c->head_dim;
-                const __m512 factor = _mm512_set1_ps(rescale[i]);
-                for (int d = 0; d < c->head_dim; d += 16)
-                    _mm512_storeu_ps(a + d, _mm512_fmadd_ps(_mm512_loadu_ps(a + d), factor,
-                                                            _mm512_load_ps(s->pv[i] + d)));
-            }
+            const __m512i pos = _mm512_loadu_si512((const void *)positions);
+            amx_scores_t(c, kv_head, k0, num_keys, s->q_t + (int64_t)g * num_pairs * 16, s);
+            const __m512 rescale = softmax_update_t(c, k0, num_keys, pos, row_max + 16 * g,
+                                                    row_sum + 16 * g, s);
+            amx_values_t(c, num_keys, rescale, s->acc_t + (int64_t)g * c->head_dim * 16, s);
         }
     }
     _tile_release();
-    for (int r = 0; r < num_rows; r++)
-        store_row(acc + (int64_t)r * c->head_dim, row_sum[r], c->head_dim,
-                  c->out + ((int64_t)(first + r / group) * c->num_heads + kv_head * group +
-                            r % group) * c->head_dim);
+    /* out rows = O / sum, O^T's lanes back in rows */
+    for (int g = 0; g < num_row_groups; g++) {
+        const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.f), _mm512_loadu_ps(row_sum + 16 * g));
+        const float *acc_t = s->acc_t + (int64_t)g * c->head_dim * 16;
+        for (int d = 0; d < c->head_dim; d++) {
+            uint16_t values[16];
+            _mm256_storeu_si256((__m256i *)values,
+                                (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_load_ps(acc_t + 16 * d), inv)));
+            for (int lane = 0; lane < 16 && 16 * g + lane < num_rows; lane++) {
+                const int r = 16 * g + lane;
+                c->out[((int64_t)(first + r / group) * c->num_heads + kv_head * group + r % group) *
+                           c->head_dim + d] = values[lane];
+            }
+        }
+    }
 }
 #endif
 #endif
@@ -414,23 +569,39 @@ int paged_prefill_attention(const void *q, int64_t q_stride, const void *kv_cach
         layer * layer_size, layer_size / 2, num_context, window, block_size,
         num_heads, num_kv_heads, head_dim, scale,
     };
-    const int num_tiles = (num_query + QUERY_TILE - 1) / QUERY_TILE;
+    /* QUERY_TILE tokens an item, fewer when that leaves a thread without two items (a
+     * short chunk after a long context) */
+    int query_tile = QUERY_TILE;
+    while (query_tile > 16 &&
+           (num_query + query_tile - 1) / query_tile * num_kv_heads < 2 * num_threads)
+        query_tile /= 2;
+    const int num_tiles = (num_query + query_tile - 1) / query_tile;
     const int group = num_heads / num_kv_heads;
     int status = 0;
+    int is_amx = 0;
 #ifdef HAVE_AMX
-    const int is_amx = q4_use_amx(-1);
+    is_amx = q4_use_amx(-1) && block_size % 16 == 0; /* a group of 16 keys in one block */
 #endif
+    const size_t num_padded = (size_t)(QUERY_TILE * group + 15) / 16 * 16;
 #pragma omp parallel num_threads(num_threads)
     {
-        struct key_tile *tile = aligned_alloc(64, sizeof *tile);
-        float *acc = malloc(sizeof(float) * QUERY_TILE * group * head_dim);
-        int is_ok = tile && acc;
+        struct key_tile *tile = NULL;
+        float *acc = NULL;
 #ifdef HAVE_AMX
-        struct amx_scratch *scratch = is_amx ? aligned_alloc(64, sizeof *scratch) : NULL;
-        const size_t num_padded = (size_t)(QUERY_TILE * group + 15) / 16 * 16;
-        if (scratch) scratch->q_rows = malloc(sizeof(uint16_t) * num_padded * (size_t)head_dim);
-        if (is_amx) is_ok = is_ok && scratch && scratch->q_rows;
+        struct amx_scratch *scratch = NULL;
+        if (is_amx && (scratch = aligned_alloc(64, sizeof *scratch)) != NULL) {
+            scratch->q_t = malloc(sizeof(uint32_t) * num_padded * (size_t)(head_dim / 2));
+            scratch->acc_t = aligned_alloc(64, sizeof(float) * num_padded * (size_t)head_dim);
+        }
+        int is_ok = !is_amx || (scratch && scratch->q_t && scratch->acc_t);
+#else
+        int is_ok = 1;
 #endif
+        if (!is_amx) {
+            tile = aligned_alloc(64, sizeof *tile);
+            acc = malloc(sizeof(float) * QUERY_TILE * group * head_dim);
+            is_ok = tile && acc;
+        }
         if (!is_ok) {
 #pragma omp atomic write
             status = -2;
@@ -439,18 +610,18 @@ int paged_prefill_attention(const void *q, int64_t q_stride, const void *kv_cach
 #pragma omp for schedule(dynamic, 1)
         for (int item = 0; item < num_tiles * num_kv_heads; item++) {
             if (!is_ok) continue;
-            const int first = (num_tiles - 1 - item / num_kv_heads) * QUERY_TILE;
-            const int num_tokens = num_query - first < QUERY_TILE ? num_query - first : QUERY_TILE;
+            const int first = (num_tiles - 1 - item / num_kv_heads) * query_tile;
+            const int num_tokens = num_query - first < query_tile ? num_query - first : query_tile;
 #ifdef HAVE_AMX
             if (is_amx) {
-                attend_tile_amx(&c, item % num_kv_heads, first, num_tokens, tile, acc, scratch);
+                attend_tile_amx(&c, item % num_kv_heads, first, num_tokens, scratch);
                 continue;
             }
 #endif
             attend_tile(&c, item % num_kv_heads, first, num_tokens, tile, acc);
         }
 #ifdef HAVE_AMX
-        if (scratch) free(scratch->q_rows);
+        if (scratch) free(scratch->q_t), free(scratch->acc_t);
         free(scratch);
 #endif
         free(tile), free(acc);
