@@ -20,7 +20,8 @@
  *   P is rounded to bfloat16 for p.V, as FlashAttention rounds it, and p.V runs on
  *   interleaved key pairs as in paged_decode.c;
  * - on AMX (attend_tile_amx) the work item is transposed: 16 rows are a vector's lanes,
- *   S^T = K.Q^T and O^T = V^T.P^T are tile multiply-adds, and the softmax is vertical.
+ *   S^T = K.Q^T and O^T = V^T.P^T are tile multiply-adds, and the softmax is vertical;
+ *   on the diagonal a group of rows reads only the keys up to its last position.
  *   0.5-0.7x the time of the earlier AMX form (rows as tile rows, a softmax per row)
  *   from 512 tokens of context, about even at 256 (benchmarks/prefill_attention.py);
  *   0.25-0.35x the rows on `vdpbf16ps`.
@@ -287,7 +288,6 @@ struct amx_scratch {
     float scores_t[KEY_TILE][16] __attribute__((aligned(64)));
     uint32_t p_t[KEY_TILE / 2][16] __attribute__((aligned(64))); /* P^T, key pairs */
     uint16_t v_t[MAX_HEAD_DIM][KEY_TILE] __attribute__((aligned(64)));
-    uint16_t k_part[16][MAX_HEAD_DIM] __attribute__((aligned(64))); /* a group past the last key */
     float pv_t[MAX_HEAD_DIM][16] __attribute__((aligned(64)));
     __mmask16 visible[KEY_TILE];
 };
@@ -364,23 +364,14 @@ static void load_values_t(const struct chunk *c, int kv_head, int64_t k0, int nu
         }
 }
 
-/* S^T of the row group (Q^T at q_t) against the tile's num_keys keys -> scores_t. */
+/* S^T of the row group (Q^T at q_t) against the tile's first num_keys keys -> scores_t.
+ * A group of 16 keys is read whole from its block: keys past the last one the rows see
+ * (or past the sequence's last, still in its block) are masked out by the softmax. */
 static void amx_scores_t(const struct chunk *c, int kv_head, int64_t k0, int num_keys,
                          const uint32_t *q_t, struct amx_scratch *s) {
-    const int num_groups = (num_keys + 15) / 16, token_bytes = c->num_kv_heads * c->head_dim * 2;
+    const int num_groups = (num_keys + 15) / 16, stride = c->num_kv_heads * c->head_dim * 2;
     const uint16_t *keys[4];
-    int stride[4];
-    for (int g = 0; g < num_groups; g++) {
-        const int num_here = num_keys - 16 * g < 16 ? num_keys - 16 * g : 16;
-        keys[g] = key_row(c, kv_head, k0 + 16 * g), stride[g] = token_bytes;
-        if (num_here < 16) { /* the rows past the last key are not in the table: zeros */
-            for (int i = 0; i < 16; i++)
-                if (i < num_here) memcpy(s->k_part[i], keys[g] + (int64_t)i * token_bytes / 2,
-                                         sizeof(uint16_t) * c->head_dim);
-                else memset(s->k_part[i], 0, sizeof(uint16_t) * c->head_dim);
-            keys[g] = s->k_part[0], stride[g] = sizeof s->k_part[0];
-        }
-    }
+    for (int g = 0; g < num_groups; g++) keys[g] = key_row(c, kv_head, k0 + 16 * g);
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
@@ -389,7 +380,7 @@ static void amx_scores_t(const struct chunk *c, int kv_head, int64_t k0, int num
         _tile_loadd(4, q_t + 16 * 16 * ks, 64);
 #define QK_GROUP(g, b)                                          \
         if ((g) < num_groups) {                                 \
-            _tile_loadd(b, keys[g] + 32 * ks, stride[g]);       \
+            _tile_loadd(b, keys[g] + 32 * ks, stride);          \
             _tile_dpbf16ps(g, b, 4);                            \
         }
         QK_GROUP(0, 6) QK_GROUP(1, 7) QK_GROUP(2, 6) QK_GROUP(3, 7)
@@ -403,7 +394,8 @@ static void amx_scores_t(const struct chunk *c, int kv_head, int64_t k0, int num
 
 /* The running softmax of 16 rows (lanes) over the tile's scores_t: P^T into p_t in key
  * pairs, row_max and row_sum (16 lanes at rm, rs) updated. `pos`: each lane's position
- * (-1 for a padding row, which sees nothing); num_keys: the keys of the tile that exist.
+ * (-1 for a padding row, which sees nothing); num_keys: the keys of the tile the rows may
+ * see (P is written up to the next 32, p.V's step: 0 past num_keys).
  * Returns the factor each lane's earlier O^T takes. */
 static __m512 softmax_update_t(const struct chunk *c, int64_t k0, int num_keys, __m512i pos,
                                float *rm, float *rs, struct amx_scratch *s) {
@@ -414,7 +406,8 @@ static __m512 softmax_update_t(const struct chunk *c, int64_t k0, int num_keys, 
     const __m512i low = _mm512_sub_epi32(pos, _mm512_set1_epi32(c->window));
     __m512 top = _mm512_loadu_ps(rm);
     const __m512 old_max = top;
-    for (int k = 0; k < KEY_TILE; k++) {
+    const int num_looked = (num_keys + 31) / 32 * 32;
+    for (int k = 0; k < num_looked; k++) {
         __m512 x = _mm512_mul_ps(_mm512_load_ps(s->scores_t[k]), scale);
         if (!is_all_visible) {
             const __m512i key = _mm512_set1_epi32((int)(k0 + k));
@@ -433,7 +426,7 @@ static __m512 softmax_update_t(const struct chunk *c, int64_t k0, int num_keys, 
         0x00140004, 0x00150005, 0x00160006, 0x00170007, 0x00180008, 0x00190009, 0x001a000a,
         0x001b000b, 0x001c000c, 0x001d000d, 0x001e000e, 0x001f000f);
     __m512 total = _mm512_setzero_ps();
-    for (int k = 0; k < KEY_TILE; k += 2) {
+    for (int k = 0; k < num_looked; k += 2) {
         __m512 p0 = exp16(_mm512_sub_ps(_mm512_load_ps(s->scores_t[k]), shift));
         __m512 p1 = exp16(_mm512_sub_ps(_mm512_load_ps(s->scores_t[k + 1]), shift));
         if (!is_all_visible) {
@@ -520,10 +513,13 @@ static void attend_tile_amx(const struct chunk *c, int kv_head, int first, int n
                 positions[lane] = r < num_rows ? (int)first_pos + r / group : -1;
             }
             const __m512i pos = _mm512_loadu_si512((const void *)positions);
-            amx_scores_t(c, kv_head, k0, num_keys, s->q_t + (int64_t)g * num_pairs * 16, s);
-            const __m512 rescale = softmax_update_t(c, k0, num_keys, pos, row_max + 16 * g,
+            /* on the diagonal, the keys up to the group's last position */
+            const int64_t num_to_last = first_pos + last_row / group - k0 + 1;
+            const int num_seen = num_to_last < num_keys ? (int)num_to_last : num_keys;
+            amx_scores_t(c, kv_head, k0, num_seen, s->q_t + (int64_t)g * num_pairs * 16, s);
+            const __m512 rescale = softmax_update_t(c, k0, num_seen, pos, row_max + 16 * g,
                                                     row_sum + 16 * g, s);
-            amx_values_t(c, num_keys, rescale, s->acc_t + (int64_t)g * c->head_dim * 16, s);
+            amx_values_t(c, num_seen, rescale, s->acc_t + (int64_t)g * c->head_dim * 16, s);
         }
     }
     _tile_release();
