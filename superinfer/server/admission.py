@@ -31,6 +31,7 @@ before this.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 
@@ -43,6 +44,8 @@ from superinfer.slo.estimate import (
     TokenRate,
     TpotEstimate,
 )
+
+logger = logging.getLogger(__name__)
 
 Load = EngineLoad  # what admission reads about the engine (`slo/estimate.py`)
 # The share of a TPOT budget admission plans to use: the step-time average and the prefill
@@ -123,6 +126,11 @@ class Admission:
                 self._check_tpot(self.tpot(load, demand), demand.tbt_s, load.num_device_blocks)
         except APIError as error:  # the refusal reports the estimate (errors.py)
             error.estimated_ttft_ms = estimated_ttft_ms(demand, ttft_s)
+            logger.debug("refused (%s): %d prompt tokens, class %s; first token: compute "
+                         "%.0f ms + memory %.0f ms, x%.2f for classes above, x%.2f learned",
+                         error.reason, demand.num_prompt_tokens, demand.slo_class,
+                         estimate.compute_s * 1e3, estimate.memory_s * 1e3, estimate.stretch,
+                         ttft_s / max(estimate.raw_s, 1e-9))  # fmt: skip
             raise
         return estimate
 
