@@ -511,13 +511,12 @@ class Scheduler:
 
     def _may_admit(self, request: Request, memory: MemoryState) -> bool:
         """The policy's guard (rotasched: no brand-new admission while the host tier is
-        nearly full), which a request passes when a lower class runs or is rotated out: it
-        makes room by displacing that class, not by parking more in the host tier, and the
-        host tier that class fills is not kept from it (victims are of the lowest class)."""
+        nearly full), which a request passes when a lower class runs: it makes room by
+        displacing that class, not by parking more in the host tier."""
         if self.policy.may_admit(request, memory):
             return True
         rank = self.reservations.rank(request)
-        return any(self.reservations.rank(r) > rank for r in (*self.running, *self.swapped))
+        return any(self.reservations.rank(r) > rank for r in self.running)
 
     def _is_held_back(self, request: Request, plan: _StepPlan) -> bool:
         """Swapped out in this very step, or its copies to the host not landed yet."""

@@ -246,11 +246,8 @@ class Estimator:
         num_needed += self._num_blocks_by_rank(load.swapped_blocks_by_class, slo_class)[0]
         deficit = num_needed - self._num_available_blocks(load, slo_class)
         memory_s = _memory_wait_s(deficit, load.release_blocks_per_s)
-        is_lower_held = (self._num_blocks_by_rank(load.running_blocks_by_class, slo_class)[1]
-                         or self._num_blocks_by_rank(load.swapped_blocks_by_class, slo_class)[1])  # fmt: skip
-        if not is_lower_held:
-            # the policy's host guard holds it back (a lower class running or rotated out
-            # lets it pass, as the scheduler's `_may_admit`)
+        if not self._num_blocks_by_rank(load.running_blocks_by_class, slo_class)[1]:
+            # the policy's host guard holds it back (a lower class running lets it pass)
             host_wait_s = _memory_wait_s(_host_guard_deficit(load), load.host_drain_blocks_per_s)
             memory_s = max(memory_s, host_wait_s)
         stretch = 1.0 / (1.0 - self._higher_share(load, slo_class))

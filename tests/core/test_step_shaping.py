@@ -192,25 +192,6 @@ def test_gold_passes_the_rotasched_host_guard_while_bronze_runs():
     assert gold.first_token_time is not None
 
 
-def test_gold_passes_the_rotasched_host_guard_while_bronze_is_rotated_out():
-    """No bronze runs, but bronze fills the host tier past the guard: gold is not held back
-    behind it (the host tier bronze fills is not kept from gold), bronze still is."""
-    s = make_scheduler("rotasched", num_device_blocks=12, num_host_blocks=10, block_size=4,
-                       max_num_seqs=8, max_num_batched_tokens=256, class_order=CLASSES)  # fmt: skip
-    bronze = [classed(make_request(16, max_tokens=60, request_id=f"b{i}"), BRONZE) for i in (0, 1)]
-    for request in bronze:
-        s.add_request(request)
-    now = drive(s, LinearCost(), 3)
-    assert all(s.rotate_out(r.request_id) for r in bronze)
-    s.complete_transfers([spec.transfer_id for spec in s.kv.take_planned_transfers()])
-    assert s.kv.host.usage > 0.9 and not s.running  # the guard is on, nothing below gold runs
-    s.add_request(classed(make_request(8, request_id="gold", arrival_time=now), GOLD))
-    s.add_request(classed(make_request(8, request_id="bronze", arrival_time=now), BRONZE))
-    scheduled = {q.request_id for q in s.schedule(now).sequences}
-    s.check_invariants()
-    assert "gold" in scheduled and "bronze" not in scheduled
-
-
 def test_a_shaped_step_carries_the_prompt_tokens_that_fit_beside_the_tightest_promise():
     """What admission prices the queue ahead at: the full budget until something decodes
     or when steps are not shaped; else the tokens that fit in gold's 90 ms step beside
