@@ -28,14 +28,14 @@ def _has_avx512_bf16() -> bool:
 BLOCK_SIZE, NUM_LAYERS, LAYER = 16, 2, 1
 
 
-def _attend(entries, heads, head_dim, dtype, window, use_kernel, seed=0):
+def _attend(entries, heads, head_dim, dtype, window, use_kernel, seed=0, block_size=BLOCK_SIZE):
     """Each entry's step through `paged_attention`: (output, cache after)."""
     num_heads, num_kv_heads = heads
     gen = torch.Generator().manual_seed(seed)
     num_blocks = sum(len(e.block_table) for e in entries) + 4
-    cache = torch.randn(num_blocks, NUM_LAYERS, 2, BLOCK_SIZE, num_kv_heads, head_dim,
+    cache = torch.randn(num_blocks, NUM_LAYERS, 2, block_size, num_kv_heads, head_dim,
                         generator=gen).to(dtype)  # fmt: skip
-    meta = AttentionMetadata.build(entries, BLOCK_SIZE, "cpu")
+    meta = AttentionMetadata.build(entries, block_size, "cpu")
     qkv = torch.randn(meta.num_tokens, num_heads + 2 * num_kv_heads, head_dim, generator=gen)
     q, k, v = qkv.to(dtype).split([num_heads, num_kv_heads, num_kv_heads], 1)  # strided views
     with torch.inference_mode():
@@ -44,13 +44,13 @@ def _attend(entries, heads, head_dim, dtype, window, use_kernel, seed=0):
     return out, cache
 
 
-def _entries(spans: list[tuple[int, int]], seed: int = 1) -> list[SeqEntry]:
+def _entries(spans: list[tuple[int, int]], seed: int = 1, block_size: int = BLOCK_SIZE):
     """(context, query) spans, each sequence on shuffled blocks."""
-    blocks = list(range(sum(-(-(c + n) // BLOCK_SIZE) for c, n in spans) + 4))
+    blocks = list(range(sum(-(-(c + n) // block_size) for c, n in spans) + 4))
     random.Random(seed).shuffle(blocks)
     out = []
     for context, num_query in spans:
-        num = -(-(context + num_query) // BLOCK_SIZE)
+        num = -(-(context + num_query) // block_size)
         out.append(SeqEntry(num_query, context, [blocks.pop() for _ in range(num)]))
     return out
 
@@ -71,6 +71,19 @@ def test_matches_the_reference(spans, window, heads, head_dim, rows_on):
     got, cache = _attend(entries, heads, head_dim, torch.bfloat16, window, use_kernel=True)
     expected, expected_cache = _attend(entries, heads, head_dim, torch.bfloat16, window,
                                        use_kernel=False)  # fmt: skip
+    assert torch.equal(cache, expected_cache)
+    torch.testing.assert_close(got.float(), expected.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("block_size", [8, 32])
+def test_matches_the_reference_on_other_block_sizes(block_size, rows_on):
+    """16 keys of a block are an AMX tile only where blocks hold a multiple of 16; with 8
+    the kernel runs on AVX-512 there, with 32 a tile is half a block."""
+    entries = _entries([(100, 90), (0, 40)], block_size=block_size)
+    got, cache = _attend(entries, (9, 3), 64, torch.bfloat16, None, use_kernel=True,
+                         block_size=block_size)  # fmt: skip
+    expected, expected_cache = _attend(entries, (9, 3), 64, torch.bfloat16, None,
+                                       use_kernel=False, block_size=block_size)  # fmt: skip
     assert torch.equal(cache, expected_cache)
     torch.testing.assert_close(got.float(), expected.float(), rtol=2e-2, atol=2e-2)
 

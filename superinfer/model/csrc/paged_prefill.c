@@ -8,23 +8,20 @@
  * (1.1 ms a layer of SmolLM2), and attention grows with the square of the prompt.
  *
  * bfloat16 cache, head_dim a multiple of 32, and AVX-512 BF16 only; anything else returns
- * -1 and the caller keeps SDPA. Flash attention on tiles of KEY_TILE keys:
+ * -1 and the caller keeps SDPA. Flash attention on tiles of KEY_TILE keys, transposed:
  * - a work item is one kv head and QUERY_TILE (64) query tokens, fewer when a short chunk
- *   would leave a thread idle: its group's query heads share every K and V tile it loads
- *   (64 tokens where 16 were: 0.7-0.9x the time from 256 tokens on the rows' path);
- * - a K tile is transposed into pairs of dims (16 keys x 2 dims a vector), so q.k for 16
- *   keys is head_dim / 2 vdpbf16ps with q's pairs broadcast, without horizontal sums;
- * - each (query, head) row keeps a running max, sum and V sums, rescaled tile by tile; a
- *   tile of 64 keys (four vectors) pays the max, the rescale and the sums once where 16
- *   paid them four times (1.2-1.4x faster on SmolLM2's shapes, 256-1024 tokens);
- *   P is rounded to bfloat16 for p.V, as FlashAttention rounds it, and p.V runs on
- *   interleaved key pairs as in paged_decode.c;
- * - on AMX (attend_tile_amx) the work item is transposed: 16 rows are a vector's lanes,
- *   S^T = K.Q^T and O^T = V^T.P^T are tile multiply-adds, and the softmax is vertical;
- *   on the diagonal a group of rows reads only the keys up to its last position.
- *   0.5-0.7x the time of the earlier AMX form (rows as tile rows, a softmax per row)
- *   from 512 tokens of context, about even at 256 (benchmarks/prefill_attention.py);
- *   0.25-0.35x the rows on `vdpbf16ps`.
+ *   would leave a thread idle: its group's query heads share every K and V tile it loads;
+ * - its (query, head) rows go 16 at a time as the 16 lanes of a vector: S^T = K . Q^T,
+ *   a running max and sum per lane down the tile's keys (no horizontal sums, no scalar
+ *   exp), then O^T += V^T . P^T, rescaled tile by tile. K is read where it lies in its
+ *   blocks, Q^T laid out once per item, V once per key tile for all the item's rows;
+ * - P is rounded to bfloat16 for p.V, as FlashAttention rounds it;
+ * - on the diagonal a group of rows reads only the keys up to its last position;
+ * - on AMX both products are tile multiply-adds, elsewhere `vdpbf16ps` with a key's dim
+ *   pair (or two keys' values of a dim) broadcast.
+ * Against the earlier form (16-token items, a row per (query, head) and a softmax each),
+ * benchmarks/prefill_attention.py on a Xeon: AMX 0.53-0.72x the time from 512 tokens,
+ * AVX-512 0.67-0.92x (docs/results/models/prefill_transposed_1206/).
  */
 #include <math.h>
 #include <stdint.h>
@@ -35,7 +32,6 @@
 #define MAX_GROUP 16
 #define QUERY_TILE 64
 #define KEY_TILE 64 /* keys per softmax update: its max, rescale and sums are paid once per 64 */
-#define KEY_VECS (KEY_TILE / 16)
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -72,142 +68,6 @@ struct chunk {
     float scale;
 };
 
-/* A K tile transposed into dim pairs, and its V rows interleaved by key pairs. */
-struct key_tile {
-    uint32_t k_pairs[MAX_HEAD_DIM / 2][KEY_TILE] __attribute__((aligned(64))); /* pair j of key i at [j][i] */
-    __m512i v_pairs[KEY_TILE / 2][MAX_HEAD_DIM / 16];
-};
-
-static void load_key_tile(const struct chunk *c, int kv_head, int64_t k0, int num_keys,
-                          struct key_tile *tile) {
-    static const uint16_t zeros[MAX_HEAD_DIM];
-    const int64_t token_stride = (int64_t)c->num_kv_heads * c->head_dim;
-    const int64_t head_offset = c->layer_offset + (int64_t)kv_head * c->head_dim;
-    const uint16_t *rows[KEY_TILE];
-    int64_t block = (k0 - c->first_position) / c->block_size;
-    int64_t offset = (k0 - c->first_position) % c->block_size;
-    for (int i = 0; i < KEY_TILE; i++) {
-        rows[i] = zeros;
-        if (i < num_keys) {
-            rows[i] = c->cache + c->block_table[block] * c->block_stride + head_offset +
-                      offset * token_stride;
-            if (++offset == c->block_size) offset = 0, block++;
-        }
-    }
-    for (int i = 0; i < KEY_TILE; i++) {
-        uint32_t pair;
-        for (int j = 0; j < c->head_dim / 2; j++) {
-            memcpy(&pair, rows[i] + 2 * j, sizeof pair);
-            tile->k_pairs[j][i] = pair;
-        }
-    }
-    for (int i = 0; i < KEY_TILE / 2; i++) {
-        const uint16_t *a = rows[2 * i] == zeros ? zeros : rows[2 * i] + c->v_offset;
-        const uint16_t *b = rows[2 * i + 1] == zeros ? zeros : rows[2 * i + 1] + c->v_offset;
-        for (int d = 0; d < c->head_dim / 32; d++) {
-            const __m512i va = _mm512_loadu_si512((const void *)(a + 32 * d));
-            const __m512i vb = _mm512_loadu_si512((const void *)(b + 32 * d));
-            tile->v_pairs[i][2 * d] = _mm512_unpacklo_epi16(va, vb);
-            tile->v_pairs[i][2 * d + 1] = _mm512_unpackhi_epi16(va, vb);
-        }
-    }
-}
-
-/* The running softmax of one (query, head) row over a tile's q.k sums (num_vecs vectors of
- * 16 keys; lanes not `valid` are left out): P = e^(score - max) into `weights` in bfloat16,
- * pairs of keys (the first 8 * num_vecs), row_max and row_sum updated. Returns the factor
- * the row's earlier p.V sums take. */
-static float softmax_update(const __m512 sums[KEY_VECS], float scale_factor,
-                            const __mmask16 valid[KEY_VECS], int num_vecs, float *row_max,
-                            float *row_sum, uint32_t weights[KEY_TILE / 2]) {
-    const __m512 scale = _mm512_set1_ps(scale_factor), minus_inf = _mm512_set1_ps(-INFINITY);
-    __m512 scores[KEY_VECS], top = minus_inf;
-    for (int v = 0; v < num_vecs; v++) {
-        scores[v] = _mm512_mask_mov_ps(minus_inf, valid[v], _mm512_mul_ps(sums[v], scale));
-        top = _mm512_max_ps(top, scores[v]);
-    }
-    const float tile_max = _mm512_reduce_max_ps(top);
-    const float new_max = tile_max > *row_max ? tile_max : *row_max;
-    const __m512 shift = _mm512_set1_ps(new_max);
-    __m512 total = _mm512_setzero_ps();
-    for (int v = 0; v < num_vecs; v++) {
-        const __m512 p = _mm512_maskz_mov_ps(valid[v], exp16(_mm512_sub_ps(scores[v], shift)));
-        total = _mm512_add_ps(total, p);
-        _mm256_storeu_si256((__m256i *)(weights + 8 * v), (__m256i)_mm512_cvtneps_pbh(p));
-    }
-    const float rescale = *row_max == new_max ? 1.f
-                          : *row_max == -INFINITY ? 0.f : expf(*row_max - new_max);
-    *row_sum = *row_sum * rescale + _mm512_reduce_add_ps(total);
-    *row_max = new_max;
-    return rescale;
-}
-
-/* One (query, head) row against the first num_keys keys of a tile (the rest are past its
- * position): q.k, the running softmax, p.V into acc. Sums run in two chains each (the
- * even and odd pairs of dims for q.k, of keys for p.V): dpbf16's latency. */
-static void attend_row(const struct chunk *c, const struct key_tile *tile, const uint16_t *q,
-                       const __mmask16 valid[KEY_VECS], int num_keys, float *row_max,
-                       float *row_sum, float *acc) {
-    const int num_pairs = c->head_dim / 2, num_acc = c->head_dim / 16;
-    const int num_vecs = (num_keys + 15) / 16;
-    __m512 s0[KEY_VECS], s1[KEY_VECS];
-    for (int v = 0; v < KEY_VECS; v++) s0[v] = s1[v] = _mm512_setzero_ps();
-    for (int j = 0; j < num_pairs; j += 2) {
-        uint32_t pairs[2];
-        memcpy(pairs, q + 2 * j, sizeof pairs);
-        const __m512bh q0 = (__m512bh)_mm512_set1_epi32((int)pairs[0]);
-        const __m512bh q1 = (__m512bh)_mm512_set1_epi32((int)pairs[1]);
-        for (int v = 0; v < KEY_VECS; v++) {
-            if (v >= num_vecs) break;
-            const __m512bh k0 = (__m512bh)_mm512_load_si512(tile->k_pairs[j] + 16 * v);
-            const __m512bh k1 = (__m512bh)_mm512_load_si512(tile->k_pairs[j + 1] + 16 * v);
-            s0[v] = _mm512_dpbf16_ps(s0[v], k0, q0);
-            s1[v] = _mm512_dpbf16_ps(s1[v], k1, q1);
-        }
-    }
-    __m512 scores[KEY_VECS];
-    for (int v = 0; v < num_vecs; v++) scores[v] = _mm512_add_ps(s0[v], s1[v]);
-    uint32_t weights[KEY_TILE / 2]; /* P in bfloat16, pairs of keys */
-    const float rescale = softmax_update(scores, c->scale, valid, num_vecs, row_max, row_sum,
-                                         weights);
-    __m512 a0[MAX_HEAD_DIM / 16], a1[MAX_HEAD_DIM / 16];
-    for (int d = 0; d < num_acc; d++) {
-        a0[d] = _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * d), _mm512_set1_ps(rescale));
-        a1[d] = _mm512_setzero_ps();
-    }
-    const int num_key_pairs = (num_keys + 1) / 2;
-    int i = 0;
-    for (; i + 1 < num_key_pairs; i += 2) {
-        const __m512bh p0 = (__m512bh)_mm512_set1_epi32((int)weights[i]);
-        const __m512bh p1 = (__m512bh)_mm512_set1_epi32((int)weights[i + 1]);
-        for (int d = 0; d < num_acc; d++) {
-            a0[d] = _mm512_dpbf16_ps(a0[d], (__m512bh)tile->v_pairs[i][d], p0);
-            a1[d] = _mm512_dpbf16_ps(a1[d], (__m512bh)tile->v_pairs[i + 1][d], p1);
-        }
-    }
-    if (i < num_key_pairs) {
-        const __m512bh p0 = (__m512bh)_mm512_set1_epi32((int)weights[i]);
-        for (int d = 0; d < num_acc; d++)
-            a0[d] = _mm512_dpbf16_ps(a0[d], (__m512bh)tile->v_pairs[i][d], p0);
-    }
-    for (int d = 0; d < num_acc; d++) _mm512_storeu_ps(acc + 16 * d, _mm512_add_ps(a0[d], a1[d]));
-}
-
-/* out row = acc / sum, the interleaved lanes put back in order (see paged_decode.c). */
-static void store_row(const float *acc, float sum, int head_dim, uint16_t *out) {
-    const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
-    const __m512i second =
-        _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
-    const __m512 inv = _mm512_set1_ps(1.f / sum);
-    for (int d = 0; d < head_dim / 32; d++) {
-        const __m512 lo = _mm512_loadu_ps(acc + 32 * d), hi = _mm512_loadu_ps(acc + 32 * d + 16);
-        const __m512 x = _mm512_mul_ps(_mm512_permutex2var_ps(lo, first, hi), inv);
-        const __m512 y = _mm512_mul_ps(_mm512_permutex2var_ps(lo, second, hi), inv);
-        _mm256_storeu_si256((__m256i *)(out + 32 * d), (__m256i)_mm512_cvtneps_pbh(x));
-        _mm256_storeu_si256((__m256i *)(out + 32 * d + 16), (__m256i)_mm512_cvtneps_pbh(y));
-    }
-}
-
 /* The first key tile a work item reads: the one holding its first query's earliest
  * visible key (past the window, and never before the blocks the table holds). */
 static int64_t first_key_tile(const struct chunk *c, int64_t first_pos) {
@@ -216,86 +76,22 @@ static int64_t first_key_tile(const struct chunk *c, int64_t first_pos) {
     return lo - (lo - c->first_position) % KEY_TILE;
 }
 
-/* The keys of the tile at k0 that the query at pos sees (causal, and the window), a mask
- * per 16; returns whether it sees any. Keys past the chunk's last are past pos too. */
-static int visible_keys(const struct chunk *c, int64_t k0, int pos, __mmask16 valid[KEY_VECS]) {
-    if (k0 + KEY_TILE - 1 <= pos && (c->window <= 0 || k0 > pos - c->window)) {
-        for (int v = 0; v < KEY_VECS; v++) valid[v] = 0xffff;
-        return 1;
-    }
-    const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    int is_any = 0;
-    for (int v = 0; v < KEY_VECS; v++) {
-        const __m512i keys = _mm512_add_epi32(_mm512_set1_epi32((int)k0 + 16 * v), lanes);
-        valid[v] = _mm512_cmple_epi32_mask(keys, _mm512_set1_epi32(pos));
-        if (c->window > 0)
-            valid[v] &= _mm512_cmpgt_epi32_mask(keys, _mm512_set1_epi32(pos - c->window));
-        is_any |= valid[v] != 0;
-    }
-    return is_any;
-}
 
-/* Query tokens [first, first + num_tokens) of the chunk, the query heads of `kv_head`;
- * acc: scratch for QUERY_TILE * group rows of head_dim floats. */
-static void attend_tile(const struct chunk *c, int kv_head, int first, int num_tokens,
-                        struct key_tile *tile, float *acc) {
-    const int group = c->num_heads / c->num_kv_heads, num_rows = num_tokens * group;
-    float row_max[QUERY_TILE * MAX_GROUP], row_sum[QUERY_TILE * MAX_GROUP];
-    for (int r = 0; r < num_rows; r++) row_max[r] = -INFINITY, row_sum[r] = 0.f;
-    memset(acc, 0, sizeof(float) * (size_t)num_rows * c->head_dim);
-    const int64_t first_pos = c->num_context + first, last_pos = first_pos + num_tokens - 1;
-    for (int64_t k0 = first_key_tile(c, first_pos); k0 <= last_pos; k0 += KEY_TILE) {
-        const int num_keys = last_pos - k0 + 1 < KEY_TILE ? (int)(last_pos - k0 + 1) : KEY_TILE;
-        load_key_tile(c, kv_head, k0, num_keys, tile);
-        for (int t = 0; t < num_tokens; t++) {
-            const int pos = (int)first_pos + t;
-            if (pos < k0) continue;
-            const int num_seen = pos - k0 + 1 < KEY_TILE ? (int)(pos - k0 + 1) : KEY_TILE;
-            __mmask16 valid[KEY_VECS];
-            if (!visible_keys(c, k0, pos, valid)) continue;
-            for (int g = 0; g < group; g++) {
-                const int r = t * group + g, head = kv_head * group + g;
-                const uint16_t *q = c->q + (int64_t)(first + t) * c->q_stride +
-                                    (int64_t)head * c->head_dim;
-                attend_row(c, tile, q, valid, num_seen, &row_max[r], &row_sum[r],
-                           acc + (int64_t)r * c->head_dim);
-            }
-        }
-    }
-    for (int t = 0; t < num_tokens; t++)
-        for (int g = 0; g < group; g++) {
-            const int r = t * group + g, head = kv_head * group + g;
-            store_row(acc + (int64_t)r * c->head_dim, row_sum[r], c->head_dim,
-                      c->out + ((int64_t)(first + t) * c->num_heads + head) * c->head_dim);
-        }
-}
-
-#ifdef HAVE_AMX
-/* The same work item on AMX tiles (where the GEMMs run on AMX, q4_use_amx), transposed:
- * 16 (query, head) rows at a time are the 16 lanes of a vector, so the running softmax is
- * vertical (one vector per key, no horizontal max or sum, no scalar exp) and the keys are
- * AMX's first operand straight from their cache block:
- * - S^T (keys x rows) = K . Q^T: K's 16 rows of a block are a tile as they lie; Q^T's dim
- *   pairs are laid out once per work item (the second operand's layout);
- * - O^T (dims x rows) += V^T . P^T: V^T is laid out once per key tile for all the item's
- *   rows; P^T's key pairs interleave two keys' vectors.
- * Tiles 0-3 hold sums (4 groups of 16 keys, or 4 blocks of 16 dims), 4 the second operand
- * (Q^T, P^T), 6 and 7 the first (K, V^T). Needs block_size a multiple of 16 (a group of
- * 16 keys in one block); the caller runs the rows' path otherwise. */
-struct amx_scratch {
+/* A work item's transposed state. Row r of the item (token r / group, head r % group) is
+ * lane r % 16 of row group r / 16. On AMX, tiles 0-3 hold sums (4 groups of 16 keys, or 4
+ * blocks of 16 dims), 4 the second operand (Q^T, P^T), 6 and 7 the first (K, V^T); 16 keys
+ * of a block are a K tile as they lie, so block_size must be a multiple of 16 there. */
+struct cols_scratch {
     uint32_t *q_t;                                 /* Q^T: [row group][dim pair][16 rows] */
     float *acc_t;                                  /* O^T: [row group][head_dim][16 rows] */
     float scores_t[KEY_TILE][16] __attribute__((aligned(64)));
     uint32_t p_t[KEY_TILE / 2][16] __attribute__((aligned(64))); /* P^T, key pairs */
-    uint16_t v_t[MAX_HEAD_DIM][KEY_TILE] __attribute__((aligned(64)));
+    union {
+        uint16_t v_t[MAX_HEAD_DIM][KEY_TILE];       /* AMX: V^T */
+        uint32_t v_pairs[KEY_TILE / 2][MAX_HEAD_DIM]; /* AVX-512: (V[2i][d], V[2i+1][d]) */
+    } __attribute__((aligned(64)));
     float pv_t[MAX_HEAD_DIM][16] __attribute__((aligned(64)));
     __mmask16 visible[KEY_TILE];
-};
-
-struct amx_config {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t bytes_per_row[16];
-    uint8_t rows[16];
 };
 
 static const uint16_t *key_row(const struct chunk *c, int kv_head, int64_t key) {
@@ -330,22 +126,87 @@ static void transpose16(__m512i r[16]) {
     for (int i = 0; i < 16; i++) r[i] = t[i];
 }
 
+static const uint16_t ZEROS[MAX_HEAD_DIM];
+/* two rows of 32 bfloat16 into dwords of (a[d], b[d]): dims 0-15, then 16-31 */
+static const uint16_t PAIR_PICK[2][32] = {
+    {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+     8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47},
+    {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
+     24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63}};
+
+/* AVX-512: the tile's values as dwords of two keys' values of a dim (0 past num_keys). */
+static void load_value_pairs(const struct chunk *c, int kv_head, int64_t k0, int num_keys,
+                             struct cols_scratch *s) {
+    const __m512i first_half = _mm512_loadu_si512((const void *)PAIR_PICK[0]);
+    const __m512i second_half = _mm512_loadu_si512((const void *)PAIR_PICK[1]);
+    for (int i = 0; 2 * i < num_keys; i++) {
+        const uint16_t *a = key_row(c, kv_head, k0 + 2 * i) + c->v_offset;
+        const uint16_t *b = 2 * i + 1 < num_keys ? key_row(c, kv_head, k0 + 2 * i + 1) + c->v_offset
+                                                 : ZEROS;
+        for (int d = 0; d < c->head_dim; d += 32) {
+            const __m512i va = _mm512_loadu_si512((const void *)(a + d));
+            const __m512i vb = _mm512_loadu_si512((const void *)(b + d));
+            _mm512_store_si512((void *)(s->v_pairs[i] + d), _mm512_permutex2var_epi16(va, first_half, vb));
+            _mm512_store_si512((void *)(s->v_pairs[i] + d + 16),
+                               _mm512_permutex2var_epi16(va, second_half, vb));
+        }
+    }
+}
+
+/* AVX-512: S^T of the row group (Q^T at q_t) against the tile's first num_keys keys. */
+static void scores_t_avx(const struct chunk *c, int kv_head, int64_t k0, int num_keys,
+                         const uint32_t *q_t, struct cols_scratch *s) {
+    for (int k = 0; k < num_keys; k += 16) {
+        const uint32_t *keys[16];
+        for (int i = 0; i < 16; i++) /* past the last key: the first again, masked later */
+            keys[i] = (const uint32_t *)key_row(c, kv_head, k0 + k + (k + i < num_keys ? i : 0));
+        __m512 sums[16];
+        for (int i = 0; i < 16; i++) sums[i] = _mm512_setzero_ps();
+        for (int j = 0; j < c->head_dim / 2; j++) {
+            const __m512bh q = (__m512bh)_mm512_loadu_si512((const void *)(q_t + 16 * j));
+            for (int i = 0; i < 16; i++)
+                sums[i] = _mm512_dpbf16_ps(sums[i], q, (__m512bh)_mm512_set1_epi32((int)keys[i][j]));
+        }
+        for (int i = 0; i < 16; i++) _mm512_store_ps(s->scores_t[k + i], sums[i]);
+    }
+}
+
+/* AVX-512: O^T (16 rows' acc_t) = O^T * rescale + V^T . P^T over the first num_keys keys. */
+static void values_t_avx(const struct chunk *c, int num_keys, __m512 rescale, float *acc_t,
+                         struct cols_scratch *s) {
+    for (int d0 = 0; d0 < c->head_dim; d0 += 16) {
+        __m512 sums[16];
+        for (int i = 0; i < 16; i++) sums[i] = _mm512_setzero_ps();
+        for (int kp = 0; 2 * kp < num_keys; kp++) {
+            const __m512bh p = (__m512bh)_mm512_load_si512((const void *)s->p_t[kp]);
+            const uint32_t *v = s->v_pairs[kp] + d0;
+            for (int i = 0; i < 16; i++)
+                sums[i] = _mm512_dpbf16_ps(sums[i], p, (__m512bh)_mm512_set1_epi32((int)v[i]));
+        }
+        for (int i = 0; i < 16; i++) {
+            float *a = acc_t + 16 * (d0 + i);
+            _mm512_store_ps(a, _mm512_fmadd_ps(_mm512_load_ps(a), rescale, sums[i]));
+        }
+    }
+}
+
+#ifdef HAVE_AMX
+struct amx_config {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t bytes_per_row[16];
+    uint8_t rows[16];
+};
+
 /* V^T of the tile's first num_keys keys (0 past them): two keys' rows interleaved into
  * dwords of (key 2i, key 2i + 1) for 16 dims, then 16 such pairs transposed into 16 dims'
  * rows of 32 keys. */
 static void load_values_t(const struct chunk *c, int kv_head, int64_t k0, int num_keys,
-                          struct amx_scratch *s) {
-    static const uint16_t zeros[MAX_HEAD_DIM];
-    static const uint16_t pick[2][32] = {
-        {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
-         8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47},
-        {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
-         24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63}};
-    const __m512i first_half = _mm512_loadu_si512((const void *)pick[0]);
-    const __m512i second_half = _mm512_loadu_si512((const void *)pick[1]);
+                          struct cols_scratch *s) {
+    const __m512i first_half = _mm512_loadu_si512((const void *)PAIR_PICK[0]);
+    const __m512i second_half = _mm512_loadu_si512((const void *)PAIR_PICK[1]);
     const uint16_t *rows[KEY_TILE];
     for (int i = 0; i < KEY_TILE; i++)
-        rows[i] = i < num_keys ? key_row(c, kv_head, k0 + i) + c->v_offset : zeros;
+        rows[i] = i < num_keys ? key_row(c, kv_head, k0 + i) + c->v_offset : ZEROS;
     for (int kb = 0; kb < KEY_TILE / 32; kb++)
         for (int d = 0; d < c->head_dim; d += 32) {
             __m512i lo[16], hi[16];
@@ -368,7 +229,7 @@ static void load_values_t(const struct chunk *c, int kv_head, int64_t k0, int nu
  * A group of 16 keys is read whole from its block: keys past the last one the rows see
  * (or past the sequence's last, still in its block) are masked out by the softmax. */
 static void amx_scores_t(const struct chunk *c, int kv_head, int64_t k0, int num_keys,
-                         const uint32_t *q_t, struct amx_scratch *s) {
+                         const uint32_t *q_t, struct cols_scratch *s) {
     const int num_groups = (num_keys + 15) / 16, stride = c->num_kv_heads * c->head_dim * 2;
     const uint16_t *keys[4];
     for (int g = 0; g < num_groups; g++) keys[g] = key_row(c, kv_head, k0 + 16 * g);
@@ -392,13 +253,15 @@ static void amx_scores_t(const struct chunk *c, int kv_head, int64_t k0, int num
     if (num_groups > 3) _tile_stored(3, s->scores_t[48], 64);
 }
 
+#endif
+
 /* The running softmax of 16 rows (lanes) over the tile's scores_t: P^T into p_t in key
  * pairs, row_max and row_sum (16 lanes at rm, rs) updated. `pos`: each lane's position
  * (-1 for a padding row, which sees nothing); num_keys: the keys of the tile the rows may
  * see (P is written up to the next 32, p.V's step: 0 past num_keys).
  * Returns the factor each lane's earlier O^T takes. */
 static __m512 softmax_update_t(const struct chunk *c, int64_t k0, int num_keys, __m512i pos,
-                               float *rm, float *rs, struct amx_scratch *s) {
+                               float *rm, float *rs, struct cols_scratch *s) {
     const __m512 scale = _mm512_set1_ps(c->scale), minus_inf = _mm512_set1_ps(-INFINITY);
     const int min_pos = _mm512_reduce_min_epi32(pos), max_pos = _mm512_reduce_max_epi32(pos);
     const int is_all_visible = min_pos >= 0 && k0 + KEY_TILE - 1 <= min_pos &&
@@ -446,9 +309,10 @@ static __m512 softmax_update_t(const struct chunk *c, int64_t k0, int num_keys, 
     return rescale;
 }
 
+#ifdef HAVE_AMX
 /* O^T (16 rows' acc_t) = O^T * rescale + V^T . P^T over the tile's num_keys keys. */
 static void amx_values_t(const struct chunk *c, int num_keys, __m512 rescale, float *acc_t,
-                         struct amx_scratch *s) {
+                         struct cols_scratch *s) {
     const int num_blocks = c->head_dim / 16, num_steps = (num_keys + 31) / 32;
     for (int d0 = 0; d0 < num_blocks; d0 += 4) {
         _tile_zero(0);
@@ -475,9 +339,12 @@ static void amx_values_t(const struct chunk *c, int num_keys, __m512 rescale, fl
                                                         _mm512_load_ps(s->pv_t[d])));
 }
 
+#endif
+
 /* Row group g of the item: row r = g * 16 + lane is token r / group, head r % group. */
-static void attend_tile_amx(const struct chunk *c, int kv_head, int first, int num_tokens,
-                            struct amx_scratch *s) {
+
+static void attend_tile_cols(const struct chunk *c, int kv_head, int first, int num_tokens,
+                             int is_amx, struct cols_scratch *s) {
     const int group = c->num_heads / c->num_kv_heads, num_rows = num_tokens * group;
     const int num_row_groups = (num_rows + 15) / 16, num_pairs = c->head_dim / 2;
     float row_max[QUERY_TILE * MAX_GROUP], row_sum[QUERY_TILE * MAX_GROUP];
@@ -498,12 +365,20 @@ static void attend_tile_amx(const struct chunk *c, int kv_head, int first, int n
             for (int i = 0; i < 16; i++)
                 _mm512_storeu_si512((void *)(s->q_t + ((int64_t)g * num_pairs + j + i) * 16), rows[i]);
         }
-    struct amx_config config __attribute__((aligned(64))) = {.palette = 1};
-    for (int t = 0; t < 8; t++) config.rows[t] = 16, config.bytes_per_row[t] = 64;
-    _tile_loadconfig(&config);
+#ifdef HAVE_AMX
+    if (is_amx) {
+        struct amx_config config __attribute__((aligned(64))) = {.palette = 1};
+        for (int t = 0; t < 8; t++) config.rows[t] = 16, config.bytes_per_row[t] = 64;
+        _tile_loadconfig(&config);
+    }
+#endif
     for (int64_t k0 = first_key_tile(c, first_pos); k0 <= last_pos; k0 += KEY_TILE) {
         const int num_keys = last_pos - k0 + 1 < KEY_TILE ? (int)(last_pos - k0 + 1) : KEY_TILE;
-        load_values_t(c, kv_head, k0, num_keys, s);
+#ifdef HAVE_AMX
+        if (is_amx) load_values_t(c, kv_head, k0, num_keys, s);
+        else
+#endif
+            load_value_pairs(c, kv_head, k0, num_keys, s);
         for (int g = 0; g < num_row_groups; g++) {
             const int last_row = 16 * g + 15 < num_rows - 1 ? 16 * g + 15 : num_rows - 1;
             if (first_pos + last_row / group < k0) continue; /* the group sees none of it */
@@ -516,13 +391,26 @@ static void attend_tile_amx(const struct chunk *c, int kv_head, int first, int n
             /* on the diagonal, the keys up to the group's last position */
             const int64_t num_to_last = first_pos + last_row / group - k0 + 1;
             const int num_seen = num_to_last < num_keys ? (int)num_to_last : num_keys;
-            amx_scores_t(c, kv_head, k0, num_seen, s->q_t + (int64_t)g * num_pairs * 16, s);
+            const uint32_t *q_t = s->q_t + (int64_t)g * num_pairs * 16;
+            float *acc_t = s->acc_t + (int64_t)g * c->head_dim * 16;
+#ifdef HAVE_AMX
+            if (is_amx) {
+                amx_scores_t(c, kv_head, k0, num_seen, q_t, s);
+                const __m512 rescale = softmax_update_t(c, k0, num_seen, pos, row_max + 16 * g,
+                                                        row_sum + 16 * g, s);
+                amx_values_t(c, num_seen, rescale, acc_t, s);
+                continue;
+            }
+#endif
+            scores_t_avx(c, kv_head, k0, num_seen, q_t, s);
             const __m512 rescale = softmax_update_t(c, k0, num_seen, pos, row_max + 16 * g,
                                                     row_sum + 16 * g, s);
-            amx_values_t(c, num_seen, rescale, s->acc_t + (int64_t)g * c->head_dim * 16, s);
+            values_t_avx(c, num_seen, rescale, acc_t, s);
         }
     }
-    _tile_release();
+#ifdef HAVE_AMX
+    if (is_amx) _tile_release();
+#endif
     /* out rows = O / sum, O^T's lanes back in rows */
     for (int g = 0; g < num_row_groups; g++) {
         const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.f), _mm512_loadu_ps(row_sum + 16 * g));
@@ -539,7 +427,6 @@ static void attend_tile_amx(const struct chunk *c, int kv_head, int first, int n
         }
     }
 }
-#endif
 #endif
 
 /* out (num_query, num_heads, head_dim) = causal attention of the chunk's queries, at
@@ -581,23 +468,12 @@ int paged_prefill_attention(const void *q, int64_t q_stride, const void *kv_cach
     const size_t num_padded = (size_t)(QUERY_TILE * group + 15) / 16 * 16;
 #pragma omp parallel num_threads(num_threads)
     {
-        struct key_tile *tile = NULL;
-        float *acc = NULL;
-#ifdef HAVE_AMX
-        struct amx_scratch *scratch = NULL;
-        if (is_amx && (scratch = aligned_alloc(64, sizeof *scratch)) != NULL) {
-            scratch->q_t = malloc(sizeof(uint32_t) * num_padded * (size_t)(head_dim / 2));
-            scratch->acc_t = aligned_alloc(64, sizeof(float) * num_padded * (size_t)head_dim);
+        struct cols_scratch *s = aligned_alloc(64, sizeof *s);
+        if (s) {
+            s->q_t = malloc(sizeof(uint32_t) * num_padded * (size_t)(head_dim / 2));
+            s->acc_t = aligned_alloc(64, sizeof(float) * num_padded * (size_t)head_dim);
         }
-        int is_ok = !is_amx || (scratch && scratch->q_t && scratch->acc_t);
-#else
-        int is_ok = 1;
-#endif
-        if (!is_amx) {
-            tile = aligned_alloc(64, sizeof *tile);
-            acc = malloc(sizeof(float) * QUERY_TILE * group * head_dim);
-            is_ok = tile && acc;
-        }
+        const int is_ok = s && s->q_t && s->acc_t;
         if (!is_ok) {
 #pragma omp atomic write
             status = -2;
@@ -608,19 +484,10 @@ int paged_prefill_attention(const void *q, int64_t q_stride, const void *kv_cach
             if (!is_ok) continue;
             const int first = (num_tiles - 1 - item / num_kv_heads) * query_tile;
             const int num_tokens = num_query - first < query_tile ? num_query - first : query_tile;
-#ifdef HAVE_AMX
-            if (is_amx) {
-                attend_tile_amx(&c, item % num_kv_heads, first, num_tokens, scratch);
-                continue;
-            }
-#endif
-            attend_tile(&c, item % num_kv_heads, first, num_tokens, tile, acc);
+            attend_tile_cols(&c, item % num_kv_heads, first, num_tokens, is_amx, s);
         }
-#ifdef HAVE_AMX
-        if (scratch) free(scratch->q_t), free(scratch->acc_t);
-        free(scratch);
-#endif
-        free(tile), free(acc);
+        if (s) free(s->q_t), free(s->acc_t);
+        free(s);
     }
     return status;
 #else
