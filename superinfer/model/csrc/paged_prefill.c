@@ -411,18 +411,23 @@ static void attend_tile_cols(const struct chunk *c, int kv_head, int first, int 
 #ifdef HAVE_AMX
     if (is_amx) _tile_release();
 #endif
-    /* out rows = O / sum, O^T's lanes back in rows */
+    /* out rows = O / sum: O^T's blocks of 16 dims transposed back into rows */
     for (int g = 0; g < num_row_groups; g++) {
-        const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.f), _mm512_loadu_ps(row_sum + 16 * g));
+        float inv[16];
+        _mm512_storeu_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.f), _mm512_loadu_ps(row_sum + 16 * g)));
         const float *acc_t = s->acc_t + (int64_t)g * c->head_dim * 16;
-        for (int d = 0; d < c->head_dim; d++) {
-            uint16_t values[16];
-            _mm256_storeu_si256((__m256i *)values,
-                                (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_load_ps(acc_t + 16 * d), inv)));
-            for (int lane = 0; lane < 16 && 16 * g + lane < num_rows; lane++) {
+        const int num_here = num_rows - 16 * g < 16 ? num_rows - 16 * g : 16;
+        for (int d0 = 0; d0 < c->head_dim; d0 += 16) {
+            __m512i block[16];
+            for (int i = 0; i < 16; i++)
+                block[i] = _mm512_load_si512((const void *)(acc_t + 16 * (d0 + i)));
+            transpose16(block); /* block[lane]: that row's dims d0 .. d0 + 15 */
+            for (int lane = 0; lane < num_here; lane++) {
                 const int r = 16 * g + lane;
-                c->out[((int64_t)(first + r / group) * c->num_heads + kv_head * group + r % group) *
-                           c->head_dim + d] = values[lane];
+                const __m512 row = _mm512_mul_ps(_mm512_castsi512_ps(block[lane]), _mm512_set1_ps(inv[lane]));
+                uint16_t *out = c->out + ((int64_t)(first + r / group) * c->num_heads +
+                                          kv_head * group + r % group) * c->head_dim + d0;
+                _mm256_storeu_si256((__m256i *)out, (__m256i)_mm512_cvtneps_pbh(row));
             }
         }
     }
