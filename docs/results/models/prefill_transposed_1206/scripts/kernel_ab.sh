@@ -9,6 +9,6 @@ for i in $(seq "$n"); do
   for tree in "$base" "$change"; do
     echo "== $tree"
     (cd "$tree" && PYTHONPATH=$tree HF_HUB_OFFLINE=1 "$change/.venv/bin/python" -P \
-       benchmarks/prefill_attention.py --reps 20 "$@" 2>&1 | grep tokens)
+       benchmarks/prefill_attention.py --reps "${REPS:-20}" "$@" 2>&1 | grep tokens)
   done
 done
