@@ -76,7 +76,6 @@ static int64_t first_key_tile(const struct chunk *c, int64_t first_pos) {
     return lo - (lo - c->first_position) % KEY_TILE;
 }
 
-
 /* A work item's transposed state. Row r of the item (token r / group, head r % group) is
  * lane r % 16 of row group r / 16. On AMX, tiles 0-3 hold sums (4 groups of 16 keys, or 4
  * blocks of 16 dims), 4 the second operand (Q^T, P^T), 6 and 7 the first (K, V^T); 16 keys
@@ -141,12 +140,13 @@ static void load_value_pairs(const struct chunk *c, int kv_head, int64_t k0, int
     const __m512i second_half = _mm512_loadu_si512((const void *)PAIR_PICK[1]);
     for (int i = 0; 2 * i < num_keys; i++) {
         const uint16_t *a = key_row(c, kv_head, k0 + 2 * i) + c->v_offset;
-        const uint16_t *b = 2 * i + 1 < num_keys ? key_row(c, kv_head, k0 + 2 * i + 1) + c->v_offset
-                                                 : ZEROS;
+        const uint16_t *b =
+            2 * i + 1 < num_keys ? key_row(c, kv_head, k0 + 2 * i + 1) + c->v_offset : ZEROS;
         for (int d = 0; d < c->head_dim; d += 32) {
             const __m512i va = _mm512_loadu_si512((const void *)(a + d));
             const __m512i vb = _mm512_loadu_si512((const void *)(b + d));
-            _mm512_store_si512((void *)(s->v_pairs[i] + d), _mm512_permutex2var_epi16(va, first_half, vb));
+            _mm512_store_si512((void *)(s->v_pairs[i] + d),
+                               _mm512_permutex2var_epi16(va, first_half, vb));
             _mm512_store_si512((void *)(s->v_pairs[i] + d + 16),
                                _mm512_permutex2var_epi16(va, second_half, vb));
         }
@@ -165,7 +165,8 @@ static void scores_t_avx(const struct chunk *c, int kv_head, int64_t k0, int num
         for (int j = 0; j < c->head_dim / 2; j++) {
             const __m512bh q = (__m512bh)_mm512_loadu_si512((const void *)(q_t + 16 * j));
             for (int i = 0; i < 16; i++)
-                sums[i] = _mm512_dpbf16_ps(sums[i], q, (__m512bh)_mm512_set1_epi32((int)keys[i][j]));
+                sums[i] = _mm512_dpbf16_ps(sums[i], q,
+                                           (__m512bh)_mm512_set1_epi32((int)keys[i][j]));
         }
         for (int i = 0; i < 16; i++) _mm512_store_ps(s->scores_t[k + i], sums[i]);
     }
@@ -341,8 +342,9 @@ static void amx_values_t(const struct chunk *c, int num_keys, __m512 rescale, fl
 
 #endif
 
-/* Row group g of the item: row r = g * 16 + lane is token r / group, head r % group. */
-
+/* One work item: query tokens [first, first + num_tokens) of the chunk and the query
+ * heads of kv_head, 16 rows at a time in a vector's lanes (cols_scratch), on AMX tiles
+ * where is_amx. */
 static void attend_tile_cols(const struct chunk *c, int kv_head, int first, int num_tokens,
                              int is_amx, struct cols_scratch *s) {
     const int group = c->num_heads / c->num_kv_heads, num_rows = num_tokens * group;
@@ -356,14 +358,16 @@ static void attend_tile_cols(const struct chunk *c, int kv_head, int first, int 
             __m512i rows[16];
             for (int lane = 0; lane < 16; lane++) {
                 const int r = 16 * g + lane;
-                rows[lane] = r < num_rows
-                    ? _mm512_loadu_si512((const void *)(c->q + (int64_t)(first + r / group) * c->q_stride +
-                                                        (int64_t)(kv_head * group + r % group) * c->head_dim + 2 * j))
-                    : _mm512_setzero_si512();
+                rows[lane] = _mm512_setzero_si512(); /* a padding row */
+                if (r >= num_rows) continue;
+                const uint16_t *q = c->q + (int64_t)(first + r / group) * c->q_stride +
+                                    (int64_t)(kv_head * group + r % group) * c->head_dim;
+                rows[lane] = _mm512_loadu_si512((const void *)(q + 2 * j));
             }
             transpose16(rows);
             for (int i = 0; i < 16; i++)
-                _mm512_storeu_si512((void *)(s->q_t + ((int64_t)g * num_pairs + j + i) * 16), rows[i]);
+                _mm512_storeu_si512((void *)(s->q_t + ((int64_t)g * num_pairs + j + i) * 16),
+                                    rows[i]);
         }
 #ifdef HAVE_AMX
     if (is_amx) {
@@ -414,7 +418,8 @@ static void attend_tile_cols(const struct chunk *c, int kv_head, int first, int 
     /* out rows = O / sum: O^T's blocks of 16 dims transposed back into rows */
     for (int g = 0; g < num_row_groups; g++) {
         float inv[16];
-        _mm512_storeu_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.f), _mm512_loadu_ps(row_sum + 16 * g)));
+        _mm512_storeu_ps(inv,
+                         _mm512_div_ps(_mm512_set1_ps(1.f), _mm512_loadu_ps(row_sum + 16 * g)));
         const float *acc_t = s->acc_t + (int64_t)g * c->head_dim * 16;
         const int num_here = num_rows - 16 * g < 16 ? num_rows - 16 * g : 16;
         for (int d0 = 0; d0 < c->head_dim; d0 += 16) {
@@ -424,7 +429,8 @@ static void attend_tile_cols(const struct chunk *c, int kv_head, int first, int 
             transpose16(block); /* block[lane]: that row's dims d0 .. d0 + 15 */
             for (int lane = 0; lane < num_here; lane++) {
                 const int r = 16 * g + lane;
-                const __m512 row = _mm512_mul_ps(_mm512_castsi512_ps(block[lane]), _mm512_set1_ps(inv[lane]));
+                const __m512 row =
+                    _mm512_mul_ps(_mm512_castsi512_ps(block[lane]), _mm512_set1_ps(inv[lane]));
                 uint16_t *out = c->out + ((int64_t)(first + r / group) * c->num_heads +
                                           kv_head * group + r % group) * c->head_dim + d0;
                 _mm256_storeu_si256((__m256i *)out, (__m256i)_mm512_cvtneps_pbh(row));
