@@ -1,5 +1,6 @@
 # Whole prefill forwards of the bf16 export (the issue-14 server model), medians of 7:
 #   PYTHONPATH=TREE HF_HUB_OFFLINE=1 .venv/bin/python -P forward_prefill.py [MODEL_DIR]
+# MODEL_DIR "default": the default model as the server loads it (the Q4_1 GGUF, quantized).
 import statistics
 import sys
 import time
@@ -12,6 +13,7 @@ from superinfer.model.loader import load_model
 
 BS = 16
 path = sys.argv[1] if len(sys.argv) > 1 else "/work/models/smollm2-135m-instruct-hf"
+path = None if path == "default" else path
 model = load_model(path, torch.bfloat16).model
 backend = select_backend("auto", BS, "cpu")
 c = model.config
