@@ -65,7 +65,7 @@ def _entries(spans: list[tuple[int, int]], seed: int = 1, block_size: int = BLOC
 )
 def test_matches_the_reference(spans, window, heads, head_dim, rows_on):
     """Chunks without and with cached context, windows, several chunks in a step (with a
-    decode), group sizes 3, 4 and 1, on AVX-512 and on AMX tiles (where the GEMMs' rows
+    decode), group sizes 3, 4, 1 and 16, on AVX-512 and on AMX tiles (where the GEMMs' rows
     run): within bfloat16's rounding of the reference."""
     entries = _entries(spans)
     got, cache = _attend(entries, heads, head_dim, torch.bfloat16, window, use_kernel=True)
