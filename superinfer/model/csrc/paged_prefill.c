@@ -369,6 +369,15 @@ static void attend_tile_cols(const struct chunk *c, int kv_head, int first, int 
                 _mm512_storeu_si512((void *)(s->q_t + ((int64_t)g * num_pairs + j + i) * 16),
                                     rows[i]);
         }
+    __m512i positions[QUERY_TILE * MAX_GROUP / 16]; /* each lane's query position; -1: padding */
+    for (int g = 0; g < num_row_groups; g++) {
+        int32_t lanes[16];
+        for (int lane = 0; lane < 16; lane++) {
+            const int r = 16 * g + lane;
+            lanes[lane] = r < num_rows ? (int)first_pos + r / group : -1;
+        }
+        positions[g] = _mm512_loadu_si512((const void *)lanes);
+    }
 #ifdef HAVE_AMX
     if (is_amx) {
         struct amx_config config __attribute__((aligned(64))) = {.palette = 1};
@@ -386,12 +395,7 @@ static void attend_tile_cols(const struct chunk *c, int kv_head, int first, int 
         for (int g = 0; g < num_row_groups; g++) {
             const int last_row = 16 * g + 15 < num_rows - 1 ? 16 * g + 15 : num_rows - 1;
             if (first_pos + last_row / group < k0) continue; /* the group sees none of it */
-            int32_t positions[16]; /* each lane's query position; -1: a padding row */
-            for (int lane = 0; lane < 16; lane++) {
-                const int r = 16 * g + lane;
-                positions[lane] = r < num_rows ? (int)first_pos + r / group : -1;
-            }
-            const __m512i pos = _mm512_loadu_si512((const void *)positions);
+            const __m512i pos = positions[g];
             /* on the diagonal, the keys up to the group's last position */
             const int64_t num_to_last = first_pos + last_row / group - k0 + 1;
             const int num_seen = num_to_last < num_keys ? (int)num_to_last : num_keys;
