@@ -138,7 +138,9 @@ def load_model(
     return loaded
 
 
-HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken", "*.txt"]
+# the chat template may be its own file (chat_template.jinja, additional_chat_templates/)
+HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken", "*.txt", "*.jinja",
+                "additional_chat_templates/*"]  # fmt: skip
 
 
 def resolve_model(model: str) -> str:

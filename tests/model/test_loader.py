@@ -164,3 +164,19 @@ def test_loading_the_default_model_does_not_import_what_a_server_never_uses() ->
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                 env=env, check=True)  # fmt: skip
     assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_model_id_downloads_what_the_loader_and_tokenizer_read() -> None:
+    """The files `snapshot_download` takes by HUB_PATTERNS, through huggingface_hub's own
+    filter: the chat template in its own file (transformers reads chat_template.jinja)
+    included, other weight formats not."""
+    from huggingface_hub.utils import filter_repo_objects
+
+    from superinfer.model.loader import HUB_PATTERNS
+
+    wanted = ["config.json", "generation_config.json", "model-00001-of-00002.safetensors",
+              "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json",
+              "tokenizer.model", "chat_template.jinja", "additional_chat_templates/tools.jinja"]  # fmt: skip
+    unwanted = ["pytorch_model.bin", "original/consolidated.00.pth", "model.gguf"]
+    taken = list(filter_repo_objects(wanted + unwanted, allow_patterns=HUB_PATTERNS))
+    assert taken == wanted
