@@ -39,8 +39,9 @@ from tests.model.gguf_tiny import (
     write_gguf,
 )
 from tests.model.paged import PagedRun
-from tests.model.tiny import TINY
+from tests.model.tiny import TINY, tiny_phi3_longrope_config
 
+ARCHS = ("gemma2", "gemma3", "llama", "mixtral", "phi3", "phi3-longrope", "qwen3", "qwen3moe")
 VOCAB_SIZE = 49152  # the default model's tokenizer, which the GGUF carries for llama.cpp
 PROMPTS = [[1, 1717, 2222, 3333, 444, 5555, 66, 7777, 8888, 999, 10000, 11, 12121],
            [1, 42, 4242, 424, 24, 2424], [1, 300, 30000, 3, 33, 333, 3333, 33333]]  # fmt: skip
@@ -74,6 +75,8 @@ def tiny_config(arch: str):
         return Qwen3Config(**small, head_dim=16, tie_word_embeddings=True)
     if arch == "phi3":
         return Phi3Config(**small, pad_token_id=0)
+    if arch == "phi3-longrope":  # Phi-4-mini's RoPE: LongRoPE (long factors), partial
+        return tiny_phi3_longrope_config(**small)
     if arch == "qwen3moe":
         config = tiny_qwen3_moe_gguf_config(VOCAB_SIZE)
         config.bos_token_id, config.eos_token_id = 1, 2
@@ -98,7 +101,7 @@ def main() -> None:
     parser.add_argument(
         "--arch",
         default="gemma3",
-        choices=("gemma2", "gemma3", "llama", "mixtral", "phi3", "qwen3", "qwen3moe"),
+        choices=ARCHS,
     )
     parser.add_argument("--new-tokens", type=int, default=24)
     parser.add_argument("--seed", type=int, default=7)
@@ -111,7 +114,7 @@ def main() -> None:
         for param in model.parameters():
             param.normal_(0.0, 0.15)  # logits far from uniform: no near ties
     with tempfile.TemporaryDirectory() as tmp:
-        gguf_arch = "llama" if args.arch == "mixtral" else args.arch
+        gguf_arch = {"mixtral": "llama", "phi3-longrope": "phi3"}.get(args.arch, args.arch)
         path = write_gguf(model, Path(tmp) / f"{args.arch}.gguf", gguf_arch,
                           GGMLQuantizationType.F32, lambda w: add_tokenizer(w, VOCAB_SIZE))  # fmt: skip
         reference = []

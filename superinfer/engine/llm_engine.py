@@ -204,6 +204,7 @@ class LLMEngine:
         self.tokenizer = loaded.tokenizer
         self.checkpoint = loaded.checkpoint
         self._check_model_len()
+        loaded.model.fit_context(config.scheduler.max_model_len)
         self.attention = select_backend(
             config.model.attention_backend, config.cache.block_size, self.device
         )

@@ -12,6 +12,7 @@ import torch
 
 from superinfer.engine.kv_cache import bytes_per_block
 from superinfer.model.cpu_attention import decode_kernel
+from superinfer.model.rotary import longrope_is_long
 
 if TYPE_CHECKING:
     from superinfer.engine.llm_engine import LLMEngine
@@ -48,10 +49,26 @@ def _model_line(engine: LLMEngine) -> str:
                         f"{_name(engine.dtype)} at load{why})")  # fmt: skip
     return (
         f"Model: {info.path}: architecture {info.architecture}, {mc.num_layers} layers, "
-        f"{mc.num_heads} heads ({mc.num_kv_heads} KV) of {mc.head_dim}, vocab {mc.vocab_size}; "
-        f"dtype {_name(engine.dtype)} (--dtype {config.dtype}), quantization {quantization}, "
-        f"device {engine.device}"
+        f"{mc.num_heads} heads ({mc.num_kv_heads} KV) of {mc.head_dim}, vocab {mc.vocab_size}"
+        f"{_rope(engine)}; dtype {_name(engine.dtype)} (--dtype {config.dtype}), quantization "
+        f"{quantization}, device {engine.device}"
     )
+
+
+def _rope(engine: LLMEngine) -> str:
+    """RoPE where it is not the plain kind over whole heads: its type, the dims it rotates,
+    and which of LongRoPE's factors --max-model-len chose (`rotary.longrope_factors`)."""
+    mc, scaling = engine.model_config, engine.model_config.rope_scaling or {}
+    parts = [f"RoPE {scaling['rope_type']}"] if scaling else []
+    if mc.num_rotary_dims < mc.head_dim:
+        parts.append(f"RoPE on {mc.num_rotary_dims} of {mc.head_dim} dims")
+    if scaling.get("rope_type") == "longrope":
+        context = engine.config.scheduler.max_model_len
+        is_long = longrope_is_long({**scaling, "context_len": context})
+        parts[0] += (f" ({'long' if is_long else 'short'} factors: --max-model-len {context} "
+                     f"{'>' if is_long else '<='} the original context "
+                     f"{scaling['original_max_position_embeddings']})")  # fmt: skip
+    return "".join(f", {p}" for p in parts)
 
 
 def _attention_line(engine: LLMEngine) -> str:

@@ -21,9 +21,12 @@ class ModelConfig:
 
     `rope_scaling` is None for plain RoPE, else a dict with a "rope_type" key: "linear"
     ({"factor"}), "llama3" ({"factor", "low_freq_factor", "high_freq_factor",
-    "original_max_position_embeddings"}), "yarn", "dynamic" (as transformers) or
-    "freq_factors" ({"factors": one divisor per frequency}, what llama.cpp stores in a GGUF's
-    `rope_freqs` tensor).
+    "original_max_position_embeddings"}), "yarn", "dynamic", "longrope" (Phi-3's LongRoPE:
+    {"short_factor", "long_factor", "original_max_position_embeddings",
+    "max_position_embeddings"}, as transformers) or "freq_factors" ({"factors": one divisor
+    per frequency}, what llama.cpp stores in a GGUF's `rope_freqs` tensor). RoPE rotates the
+    first `rotary_dim` dims of each q/k head (None: all of them; fewer under a
+    `partial_rotary_factor`, Phi-4-mini) and passes the others through.
 
     Layer variants, all off by default (Llama): `qk_norm` (RMSNorm of each q/k head, Qwen3,
     Gemma 3), `norm_offset` (norms scale by 1 + weight, Gemma), `sandwich_norm` (norms after
@@ -43,6 +46,7 @@ class ModelConfig:
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     rope_scaling: dict[str, Any] | None = None
+    rotary_dim: int | None = None
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
     attention_bias: bool = False
@@ -73,10 +77,17 @@ class ModelConfig:
             raise ValueError(f"num_heads {self.num_heads} not a multiple of {self.num_kv_heads}")
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if self.num_rotary_dims % 2 or not 0 < self.num_rotary_dims <= self.head_dim:
+            raise ValueError(f"RoPE cannot rotate {self.rotary_dim} of {self.head_dim} dims")
         if self.hidden_act not in ("silu", "gelu_tanh"):
             raise ValueError(f"unsupported activation {self.hidden_act!r} (silu, gelu_tanh)")
         if self.layer_types is not None and len(self.layer_types) != self.num_layers:
             raise ValueError(f"{len(self.layer_types)} layer types for {self.num_layers} layers")
+
+    @property
+    def num_rotary_dims(self) -> int:
+        """The dims of each q/k head RoPE rotates (the first ones)."""
+        return self.head_dim if self.rotary_dim is None else self.rotary_dim
 
     @property
     def eos_token_ids(self) -> list[int]:
@@ -125,22 +136,36 @@ class ModelConfig:
 
 # --- helpers the families share -------------------------------------------------------------
 
-ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic")
+# llama.cpp stores LongRoPE's factors as tensors (rope_factors_long / _short.weight);
+# `gguf_checkpoint` hands their values to the config under these metadata keys
+GGUF_LONG_FACTOR, GGUF_SHORT_FACTOR = "rope.scaling.long_factor", "rope.scaling.short_factor"
+LONGROPE_KEYS = ("short_factor", "long_factor", "original_max_position_embeddings")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic", "longrope")
+# names Phi-3's early configs gave LongRoPE (transformers reads them as "longrope")
+_LONGROPE_ALIASES = ("su", "longrope")
 
 
 def hf_rope(params: Mapping[str, Any] | None, theta: float) -> tuple[float, dict | None]:
     """(rope_theta, rope_scaling) from a `rope_scaling` (4.x) or `rope_parameters` (5.x)."""
     params = dict(params or {})
     theta = params.pop("rope_theta", theta)
+    params.pop("partial_rotary_factor", None)  # see `hf_rotary_dim`
     rope_type = params.pop("rope_type", params.pop("type", "default"))
-    partial = params.pop("partial_rotary_factor", 1.0)
-    if partial != 1.0:
-        raise ValueError(f"partial rotary embeddings (factor {partial}) are not supported")
+    if rope_type in _LONGROPE_ALIASES:
+        rope_type = "longrope"
     if rope_type not in ROPE_TYPES:
         raise ValueError(f"unsupported rope scaling type {rope_type!r} {ROPE_TYPES}")
     if rope_type == "default":
         return theta, None
     return theta, {"rope_type": rope_type, **params}
+
+
+def hf_rotary_dim(cfg: Mapping[str, Any], head_dim: int) -> int | None:
+    """The dims RoPE rotates, from a `partial_rotary_factor` (top level, or in the RoPE
+    parameters of transformers 5.x), as transformers rounds it; None: all."""
+    rope_params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    factor = cfg.get("partial_rotary_factor", rope_params.get("partial_rotary_factor", 1.0))
+    return None if factor == 1.0 else int(head_dim * factor)
 
 
 def hf_common(cfg: Mapping[str, Any], attention_bias: bool = False) -> dict[str, Any]:
@@ -150,8 +175,15 @@ def hf_common(cfg: Mapping[str, Any], attention_bias: bool = False) -> dict[str,
     if rope_params and FULL in rope_params:  # per layer type (Gemma 3)
         rope_params = rope_params[FULL]
     rope_theta, rope_scaling = hf_rope(rope_params, cfg.get("rope_theta", 10000.0))
-    if rope_scaling and rope_scaling["rope_type"] in ("yarn", "dynamic"):
+    if rope_scaling and rope_scaling["rope_type"] in ("yarn", "dynamic", "longrope"):
         rope_scaling.setdefault("max_position_embeddings", cfg.get("max_position_embeddings"))
+    if rope_scaling and rope_scaling["rope_type"] == "longrope":  # Phi-3: at the top level
+        rope_scaling.setdefault("original_max_position_embeddings",
+                                cfg.get("original_max_position_embeddings"))  # fmt: skip
+        missing = [k for k in LONGROPE_KEYS if rope_scaling.get(k) is None]
+        if missing:
+            raise ValueError(f"LongRoPE needs {missing} in the config")
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // num_heads
     window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
     layer_types = cfg.get("layer_types")
     return {
@@ -160,11 +192,12 @@ def hf_common(cfg: Mapping[str, Any], attention_bias: bool = False) -> dict[str,
         "num_layers": cfg["num_hidden_layers"],
         "num_heads": num_heads,
         "num_kv_heads": cfg.get("num_key_value_heads") or num_heads,
-        "head_dim": cfg.get("head_dim") or cfg["hidden_size"] // num_heads,
+        "head_dim": head_dim,
         "vocab_size": cfg["vocab_size"],
         "rms_norm_eps": cfg.get("rms_norm_eps", 1e-5),
         "rope_theta": rope_theta,
         "rope_scaling": rope_scaling,
+        "rotary_dim": hf_rotary_dim(cfg, head_dim),
         "max_position_embeddings": cfg.get("max_position_embeddings", 2048),
         "tie_word_embeddings": cfg.get("tie_word_embeddings", False),
         "attention_bias": cfg.get("attention_bias", attention_bias),
@@ -189,17 +222,20 @@ def gguf_common(
         return metadata.get(f"{arch}.{key}", default)
 
     hidden_size, num_heads = get("embedding_length"), get("attention.head_count")
+    head_dim = get("attention.key_length") or hidden_size // num_heads
+    rope_dims = get("rope.dimension_count")
     return {
         "hidden_size": hidden_size,
         "intermediate_size": get("feed_forward_length"),
         "num_layers": get("block_count"),
         "num_heads": num_heads,
         "num_kv_heads": get("attention.head_count_kv") or num_heads,
-        "head_dim": get("attention.key_length") or hidden_size // num_heads,
+        "head_dim": head_dim,
         "vocab_size": get("vocab_size"),
         "rms_norm_eps": get("attention.layer_norm_rms_epsilon", 1e-5),
         "rope_theta": get("rope.freq_base", 10000.0),
         "rope_scaling": _gguf_rope_scaling(get, rope_freq_factors),
+        "rotary_dim": rope_dims if rope_dims and rope_dims < head_dim else None,
         "max_position_embeddings": get("context_length", 2048),
         "tie_word_embeddings": "output.weight" not in tensor_names,
         "attention_bias": "blk.0.attn_q.bias" in tensor_names,
@@ -219,6 +255,12 @@ def gguf_common(
 def _gguf_rope_scaling(get: Any, rope_freq_factors: Sequence[float] | None) -> dict | None:
     if rope_freq_factors is not None:
         return {"rope_type": "freq_factors", "factors": [float(f) for f in rope_freq_factors]}
+    if get(GGUF_LONG_FACTOR) is not None:  # LongRoPE (Phi-3 128k, Phi-3.5, Phi-4-mini)
+        return {"rope_type": "longrope", "long_factor": get(GGUF_LONG_FACTOR),
+                "short_factor": get(GGUF_SHORT_FACTOR),
+                "original_max_position_embeddings": get("rope.scaling.original_context_length"),
+                "max_position_embeddings": get("context_length"),
+                "attention_factor": get("rope.scaling.attn_factor")}  # fmt: skip
     scaling_type = get("rope.scaling.type", "none")
     if scaling_type == "none":
         return None

@@ -182,12 +182,12 @@ class DecoderModel(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.embedding_scale = config.embedding_scale
-        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
+        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling,
+                                      config.rotary_dim)  # fmt: skip
         self.local_rotary = None
         if config.local_rope_theta is not None:
-            self.local_rotary = RotaryEmbedding(
-                config.head_dim, config.local_rope_theta, config.local_rope_scaling
-            )
+            self.local_rotary = RotaryEmbedding(config.head_dim, config.local_rope_theta,
+                                                config.local_rope_scaling, config.rotary_dim)  # fmt: skip
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.norm_offset)
         self.flat_decode: FlatDecode | None = None  # see DecoderForCausalLM.use_flat_decode
@@ -227,6 +227,11 @@ class DecoderForCausalLM(nn.Module):
         unless lm_head was swapped for a quantized layer before loading."""
         if self.config.tie_word_embeddings and isinstance(self.lm_head, nn.Linear):
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    def fit_context(self, max_model_len: int) -> None:
+        """Serve sequences of up to `max_model_len` tokens: picks LongRoPE's factors
+        (`rotary.longrope_factors`); call it before the first step."""
+        self.model.rotary.fit_context(max_model_len)
 
     def use_flat_decode(self) -> str:
         """Run decode-only CPU steps as one flat loop (`cpu_decode.py`: the same results,

@@ -23,8 +23,9 @@ the list of those that are. `--trust-remote-code`, `--revision` and `--tokenizer
 
 FOOTER = """
 Every architecture runs the one shared decoder (`superinfer/model/decoder.py`): RMSNorm
-(optionally 1 + weight), RoPE (default, linear, llama3, yarn, dynamic, as transformers
-computes them; GGUF `rope_freqs` factors), fused q/k/v and gate/up projections, a gated MLP
+(optionally 1 + weight), RoPE (default, linear, llama3, yarn, dynamic, longrope, as
+transformers computes them, over all of each head or its first dims; GGUF `rope_freqs` and
+LongRoPE factors), fused q/k/v and gate/up projections, a gated MLP
 or a mixture of experts (`superinfer/model/moe.py`, grouped matmuls), and the paged
 attention of `superinfer/model/attention.py` (on sliding-window layers, blocks out of the
 window are neither gathered nor read, by the CPU decode kernel too). The tests build tiny
@@ -33,8 +34,13 @@ steps in float32,
 batched with mixed lengths and chunked prefill (`tests/model/test_architectures.py`), and,
 for Mistral, Gemma 3 and Qwen3-MoE, through the engine under KV pressure with rotation.
 
-Not supported yet: partial rotary embeddings (Phi-4-mini), LongRoPE (Phi-3 128k), Gemma 3's
-vision tower (text only), GGUF files of Gemma 1. In GGUF files of the MoE families
+LongRoPE (Phi-3 128k, Phi-3.5, Phi-4-mini) takes its long factors for every sequence when
+`--max-model-len` is past the model's original context (4,096 tokens for these), else its
+short ones, as vLLM and llama.cpp choose; transformers switches per forward pass by the
+longest sequence in it, which gives the same tokens while every sequence stays on one side
+of the original context. The startup log names the choice.
+
+Not supported yet: Gemma 3's vision tower (text only), GGUF files of Gemma 1. In GGUF files of the MoE families
 (Mixtral as llama.cpp's `llama` with experts, `qwen3moe`) the experts run quantized where
 the other layers do (`superinfer/model/quant_moe.py`, below); under `--quantization none`
 they are dequantized to `--dtype`.

@@ -14,7 +14,7 @@ from gguf import GGUFReader, LlamaFileType, ReaderTensor
 from gguf.quants import dequantize
 from torch import Tensor
 
-from superinfer.model.config import ModelConfig
+from superinfer.model.config import GGUF_LONG_FACTOR, GGUF_SHORT_FACTOR, ModelConfig
 from superinfer.model.registry import Architecture, gguf_architecture
 
 _TOP_LEVEL_NAMES = {
@@ -37,6 +37,9 @@ _LAYER_NAMES = {
 # a mixture of experts' projections, stacked: (experts, rows, columns)
 _EXPERTS = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight$")
 _ROPE_FREQS = "rope_freqs.weight"
+# LongRoPE's factors, read into the config (`config.GGUF_LONG_FACTOR`), not weights
+_LONGROPE_FACTORS = {"rope_factors_long.weight": GGUF_LONG_FACTOR,
+                     "rope_factors_short.weight": GGUF_SHORT_FACTOR}  # fmt: skip
 
 
 class GGUFCheckpoint:
@@ -64,6 +67,9 @@ class GGUFCheckpoint:
         factors = None
         if _ROPE_FREQS in self.tensors:
             factors = _dequantize(self.tensors[_ROPE_FREQS]).tolist()
+        for name, key in _LONGROPE_FACTORS.items():
+            if name in self.tensors:
+                metadata[f"{arch}.{key}"] = _dequantize(self.tensors[name]).tolist()
         return ModelConfig.from_gguf_metadata(metadata, self.tensors.keys(), factors)
 
     @property
@@ -94,9 +100,8 @@ class GGUFCheckpoint:
 
         Dequantizes on `num_threads` threads (numpy releases the GIL), a few tensors ahead.
         """
-        tensors = [
-            t for name, t in self.tensors.items() if name != _ROPE_FREQS and name not in skip
-        ]
+        not_weights = {_ROPE_FREQS, *_LONGROPE_FACTORS, *skip}
+        tensors = [t for name, t in self.tensors.items() if name not in not_weights]
         pending: deque[tuple[str, Future[np.ndarray]]] = deque()
         with ThreadPoolExecutor(num_threads) as pool:
             for i, t in enumerate(tensors):

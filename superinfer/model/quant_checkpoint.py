@@ -263,14 +263,15 @@ def swap_quantized_linears(
     """Replace the model's quantized linear layers (q/k/v and gate/up fused as the model
     holds them) by layers that run on their quantized values, where `quantized_kernel`
     said they run; returns how many were swapped."""
-    device, head_dim = model.model.norm.weight.device, model.config.head_dim
+    device = model.model.norm.weight.device
+    dims = model.config.head_dim, model.config.rotary_dim  # q/k rows in RoPE order
     if tensors.scheme.method == "fp8":
         make = functools.partial(_fp8_linear, dtype=dtype)
-        return _swap(model, _fused_parts(tensors.fp8), make, head_dim)
+        return _swap(model, _fused_parts(tensors.fp8), make, dims)
     fused = _fused_parts(tensors.planes)
     if device.type == "cpu":
         return len(swap_int4_linears(model, fused, False, max_int4_rows))
-    return _swap(model, fused, functools.partial(_cuda_int4_linear, device=device), head_dim)
+    return _swap(model, fused, functools.partial(_cuda_int4_linear, device=device), dims)
 
 
 def _fused_parts(layers: dict[str, object]) -> dict[str, list]:
@@ -296,7 +297,7 @@ def _swap(
     model: nn.Module,
     fused: dict[str, list],
     make: Callable[[list, nn.Linear], nn.Module | None],
-    head_dim: int,
+    dims: tuple[int, int | None],
 ) -> int:
     """Replace each layer of `fused` by `make(parts, linear)` (None: keep it); q/k rows are
     reordered for RoPE as `load_hf_weights` reorders the dense ones."""
@@ -306,7 +307,7 @@ def _swap(
         if not isinstance(linear, nn.Linear):
             continue
         if name.endswith("qkv_proj"):
-            parts = [_rope_rows(p, head_dim) for p in parts[:2]] + list(parts[2:])
+            parts = [_rope_rows(p, *dims) for p in parts[:2]] + list(parts[2:])
         layer = make(parts, linear)
         if layer is not None:
             parent, _, child = name.rpartition(".")
@@ -315,10 +316,10 @@ def _swap(
     return swapped
 
 
-def _rope_rows(entry: tuple, head_dim: int) -> tuple:
+def _rope_rows(entry: tuple, head_dim: int, rotary_dim: int | None) -> tuple:
     """A part's row-indexed tensors in the model's q/k row order (scalars kept)."""
     return tuple(t if t is None or t.dim() == 0 or t.numel() == 1
-                 else interleave_rope_rows(t, head_dim) for t in entry)  # fmt: skip
+                 else interleave_rope_rows(t, head_dim, rotary_dim) for t in entry)  # fmt: skip
 
 
 def _cuda_int4_linear(

@@ -1,9 +1,10 @@
-"""Rotary position embedding (RoPE) with the scaling variants of the Llama family.
+"""Rotary position embedding (RoPE) with the scaling variants of the Llama family and
+Phi-3's LongRoPE, over all of a head's dims or (partial RoPE) the first `rotary_dim`.
 
 Rotation is applied to *interleaved* pairs (dims 2i, 2i+1) as one complex multiply, which
-is the cheapest form on CPU. Hugging Face checkpoints rotate half-split pairs (i, i + D/2);
-`superinfer.model.weights` permutes the q/k projection rows so that both give the
-same attention scores (q.k is unchanged when q and k are permuted alike).
+is the cheapest form on CPU. Hugging Face checkpoints rotate half-split pairs (i, i + R/2)
+of the R rotated dims; `superinfer.model.weights` permutes the q/k projection rows so that
+both give the same attention scores (q.k is unchanged when q and k are permuted alike).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from torch import Tensor, nn
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None = None) -> Tensor:
-    """Inverse frequencies (head_dim // 2,) in float32 (as transformers computes them).
+    """Inverse frequencies (head_dim // 2,) in float32 (as transformers computes them);
+    `head_dim`: the dims RoPE rotates.
 
     For "dynamic" these are the frequencies within the original context; see
     `dynamic_inv_freq` beyond it."""
@@ -25,6 +27,9 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None = 
     rope_type = (scaling or {}).get("rope_type", "default")
     if rope_type in ("default", "dynamic"):
         pass
+    elif rope_type == "longrope":  # transformers' order of operations, to the bit
+        factors = torch.tensor(longrope_factors(scaling), dtype=torch.float32, device="cpu")
+        inv_freq = 1.0 / (factors * theta**exponents)
     elif rope_type == "linear":
         inv_freq = inv_freq / scaling["factor"]
     elif rope_type == "llama3":
@@ -38,9 +43,30 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None = 
     return inv_freq
 
 
+def longrope_is_long(scaling: dict[str, Any]) -> bool:
+    """Whether LongRoPE takes its long factors: where the engine serves sequences longer
+    than the original context (`context_len`, its max_model_len; unset:
+    `max_position_embeddings`, vLLM's default). As in vLLM and llama.cpp, one choice for
+    every sequence and step, so a request's tokens depend neither on what shares its steps
+    nor on how its prompt is chunked (transformers switches per forward, by the longest
+    sequence in it: the same tokens while every sequence stays on one side of the original
+    context)."""
+    context = scaling.get("context_len") or scaling["max_position_embeddings"]
+    return context > scaling["original_max_position_embeddings"]
+
+
+def longrope_factors(scaling: dict[str, Any]) -> list[float]:
+    """LongRoPE's divisors of the frequencies (`longrope_is_long` picks the set)."""
+    return scaling["long_factor" if longrope_is_long(scaling) else "short_factor"]
+
+
 def rope_attention_factor(scaling: dict[str, Any] | None) -> float:
-    """How much RoPE scales q and k (YaRN's attention factor; 1 for the other types)."""
-    if (scaling or {}).get("rope_type") != "yarn":
+    """How much RoPE scales q and k (YaRN's and LongRoPE's attention factor; 1 for the
+    other types)."""
+    rope_type = (scaling or {}).get("rope_type")
+    if rope_type == "longrope":
+        return _longrope_attention_factor(scaling)
+    if rope_type != "yarn":
         return 1.0
     if scaling.get("attention_factor") is not None:
         return float(scaling["attention_factor"])
@@ -58,6 +84,14 @@ def dynamic_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any], seq_l
     base = theta * ((factor * seq_len / max_len) - (factor - 1)) ** (head_dim / (head_dim - 2))
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
     return 1.0 / base**exponents
+
+
+def _longrope_attention_factor(scaling: dict[str, Any]) -> float:
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    old_context = scaling["original_max_position_embeddings"]
+    factor = scaling.get("factor") or scaling["max_position_embeddings"] / old_context
+    return 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(old_context))
 
 
 def _yarn_factor(scaling: dict[str, Any]) -> float:
@@ -106,29 +140,50 @@ def _llama3_inv_freq(inv_freq: Tensor, scaling: dict[str, Any]) -> Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    """Computes the rotations e^(i * pos * freq) of a step's positions."""
+    """Computes the rotations e^(i * pos * freq) of a step's positions.
 
-    def __init__(self, head_dim: int, theta: float, scaling: dict[str, Any] | None = None) -> None:
+    Under partial RoPE (`rotary_dim` < `head_dim`) the pairs past `rotary_dim` get the
+    rotation 1 (angle 0, magnitude 1): an exact identity, so every consumer of the
+    rotations (`apply_rotary`, the CPU decode kernel) passes those dims through."""
+
+    def __init__(self, head_dim: int, theta: float, scaling: dict[str, Any] | None = None,
+                 rotary_dim: int | None = None) -> None:  # fmt: skip
         super().__init__()
-        self.head_dim, self.theta, self.scaling = head_dim, theta, scaling
-        # a plain attribute, not a buffer: model.to(bfloat16) must not round the frequencies
-        self.inv_freq = rope_inv_freq(head_dim, theta, scaling)  # (D/2,)
-        self.magnitude = rope_attention_factor(scaling)
+        self.head_dim, self.theta = head_dim, theta
+        self.rotary_dim = rotary_dim or head_dim
         self.is_dynamic = (scaling or {}).get("rope_type") == "dynamic"
+        self._use(scaling)
+
+    def _use(self, scaling: dict[str, Any] | None) -> None:
+        self.scaling = scaling
+        # plain attributes, not buffers: model.to(bfloat16) must not round the frequencies
+        self.inv_freq = rope_inv_freq(self.rotary_dim, self.theta, scaling)  # (R/2,)
+        self.num_passed = (self.head_dim - self.rotary_dim) // 2
+        magnitude = torch.full((self.rotary_dim // 2,), rope_attention_factor(scaling),
+                               device="cpu")  # fmt: skip
+        self.magnitudes = torch.cat([magnitude, torch.ones(self.num_passed, device="cpu")])
+
+    def fit_context(self, max_model_len: int) -> None:
+        """Serve sequences of up to `max_model_len` tokens: LongRoPE's factors are chosen
+        by it (`longrope_factors`); the other types do not depend on it."""
+        if (self.scaling or {}).get("rope_type") == "longrope":
+            self._use({**self.scaling, "context_len": max_model_len})
 
     def forward(self, positions: Tensor) -> Tensor:
         """(T,) positions -> (T, 1, D/2) complex64 rotations, broadcastable over heads."""
         if self.inv_freq.device != positions.device:
             self.inv_freq = self.inv_freq.to(positions.device)
+            self.magnitudes = self.magnitudes.to(positions.device)
         inv_freq = self.inv_freq
         if self.is_dynamic:  # as transformers: from the step's longest sequence
             seq_len = int(positions.max()) + 1
             if seq_len > self.scaling["max_position_embeddings"]:
-                inv_freq = dynamic_inv_freq(self.head_dim, self.theta, self.scaling, seq_len)
+                inv_freq = dynamic_inv_freq(self.rotary_dim, self.theta, self.scaling, seq_len)
                 inv_freq = inv_freq.to(positions.device)
-        angles = positions.unsqueeze(1).float() * inv_freq  # (T, D/2)
-        magnitude = torch.full_like(angles, self.magnitude)
-        return torch.polar(magnitude, angles).unsqueeze(1)
+        angles = positions.unsqueeze(1).float() * inv_freq  # (T, R/2)
+        if self.num_passed:
+            angles = torch.nn.functional.pad(angles, (0, self.num_passed))  # (T, D/2)
+        return torch.polar(self.magnitudes.expand_as(angles), angles).unsqueeze(1)
 
 
 def apply_rotary(x: Tensor, rotation: Tensor) -> Tensor:

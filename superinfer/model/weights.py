@@ -13,6 +13,7 @@ import re
 from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING
 
+import torch
 from torch import Tensor, nn
 
 if TYPE_CHECKING:
@@ -51,18 +52,25 @@ def load_hf_weights(
         if "rotary_emb" in name or (name == "lm_head.weight" and config.tie_word_embeddings):
             continue
         if name.endswith(_ROTATED) and not interleaved_qk:
-            tensor = interleave_rope_rows(tensor, config.head_dim)
+            tensor = interleave_rope_rows(tensor, config.head_dim, config.rotary_dim)
         loaded.add(_load_one(model, params, name, tensor))
     missing = sorted(str(p) for p in _expected_parts(model, params) - loaded)
     if missing:
         raise ValueError(f"checkpoint lacks weights for {missing[:8]} ({len(missing)} in all)")
 
 
-def interleave_rope_rows(w: Tensor, head_dim: int) -> Tensor:
+def interleave_rope_rows(w: Tensor, head_dim: int, rotary_dim: int | None = None) -> Tensor:
     """Reorder q/k projection rows (or bias, or norm weight) from rotate-half pairs
-    (i, i + D/2) of each head to interleaved pairs (2i, 2i + 1)."""
-    heads = w.reshape(-1, 2, head_dim // 2, *w.shape[1:])  # (n, 2, D/2, ...)
-    return heads.transpose(1, 2).reshape(w.shape)
+    (i, i + R/2) of each head's first R = `rotary_dim` (default all) rows to interleaved
+    pairs (2i, 2i + 1); the rows past R stay where they are."""
+    rotary_dim = rotary_dim or head_dim
+    if rotary_dim == head_dim:
+        heads = w.reshape(-1, 2, head_dim // 2, *w.shape[1:])  # (n, 2, D/2, ...)
+        return heads.transpose(1, 2).reshape(w.shape)
+    heads = w.reshape(-1, head_dim, *w.shape[1:])  # (n, D, ...)
+    rotated = interleave_rope_rows(heads[:, :rotary_dim].reshape(-1, *w.shape[1:]), rotary_dim)
+    return torch.cat([rotated.view(heads.shape[0], rotary_dim, *w.shape[1:]),
+                      heads[:, rotary_dim:]], 1).reshape(w.shape)  # fmt: skip
 
 
 def parameter_part(name: str) -> tuple[str, Part]:

@@ -3,6 +3,7 @@ named and laid out as llama.cpp's converter does (q/k rows permuted for Llama)."
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -199,6 +200,18 @@ def write_gguf(
     if rope.get("rope_type") == "linear":
         writer.add_rope_scaling_type(RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(rope["factor"])
+    rotary_dim = int(head_dim * rope.get("partial_rotary_factor", 1.0))
+    writer.add_rope_dimension_count(rotary_dim)
+    if rope.get("rope_type") == "longrope":  # as llama.cpp's converter writes Phi-3's
+        original = rope["original_max_position_embeddings"]
+        scale = c.max_position_embeddings / original
+        writer.add_rope_scaling_orig_ctx_len(original)
+        writer.add_rope_scaling_attn_factors(
+            math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0
+        )
+        for kind in ("long", "short"):
+            factors = np.array(rope[f"{kind}_factor"], dtype=np.float32)
+            writer.add_tensor(f"rope_factors_{kind}.weight", factors)
     if getattr(c, "sliding_window", None) and arch in ("gemma2", "gemma3"):
         writer.add_sliding_window(c.sliding_window)
     if getattr(c, "attn_logit_softcapping", None):

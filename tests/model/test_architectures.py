@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 from superinfer.model.loader import load_model
 from superinfer.model.registry import architectures
 from tests.model.paged import PagedRun
-from tests.model.tiny import save_tiny, tiny_configs
+from tests.model.tiny import save_tiny, tiny_configs, tiny_phi3_longrope_config
 
 CONFIGS = tiny_configs()
 PROMPTS = [[1, 17, 42, 99, 5, 63, 8, 120, 33, 71, 3, 64, 90],
@@ -75,9 +75,10 @@ def _chunked_greedy(run: PagedRun) -> list[list[int]]:
 
 
 def test_every_architecture_has_a_tiny_model() -> None:
-    loaded_names = {type(c).__name__.replace("Config", "ForCausalLM") for c in CONFIGS.values()}
-    loaded_names = {n.replace("TextForCausalLM", "ForCausalLM") for n in loaded_names}
-    assert loaded_names == set(architectures())
+    """One tiny config per registered name (`architectures[0]`: the class transformers
+    builds and saves the checkpoint as)."""
+    names = {type(AutoModelForCausalLM.from_config(c)).__name__ for c in CONFIGS.values()}
+    assert names == set(architectures())
 
 
 def test_greedy_batched_chunked_matches_transformers(tiny) -> None:
@@ -125,3 +126,51 @@ def test_engine_under_kv_pressure_matches_transformers(name, policy, tmp_path_fa
     finally:
         llm.engine.close()
     assert [o.outputs[0].token_ids for o in outputs] == _reference(directory) * 2
+
+
+def test_longrope_factors_follow_max_model_len(tmp_path) -> None:
+    """LongRoPE through the engine: with max_model_len within the original context (64),
+    the short factors, as transformers takes for sequences that stay within it (these
+    reach 53 tokens); with a longer one, the long factors. Checked on the prompts'
+    log-probabilities (the tiny model's greedy tokens cycle, whichever the factors)."""
+    from superinfer import LLM, SamplingParams
+
+    directory = save_tiny(tmp_path, tiny_phi3_longrope_config(original_context=64), seed=3)
+    params = SamplingParams(max_tokens=NUM_NEW_TOKENS, min_tokens=NUM_NEW_TOKENS,
+                            temperature=0.0, prompt_logprobs=0)  # fmt: skip
+    tokens, logprobs = {}, {}
+    for max_model_len in (64, 256):
+        llm = LLM(str(directory), dtype="float32", device="cpu", block_size=4,
+                  max_model_len=max_model_len, check_invariants=True)  # fmt: skip
+        try:
+            outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
+        finally:
+            llm.engine.close()
+        tokens[max_model_len] = [o.outputs[0].token_ids for o in outputs]
+        logprobs[max_model_len] = torch.tensor(
+            [e.logprob for o in outputs for e in o.prompt_logprobs[1:]]
+        )
+    reference = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        expected = torch.cat([
+            reference(torch.tensor([p])).logits[0, :-1].log_softmax(-1)
+            .gather(1, torch.tensor(p[1:])[:, None])[:, 0] for p in PROMPTS
+        ])  # fmt: skip
+    # attention moves this random model's log-probabilities little: float32 rounding
+    # leaves them within 1e-6 of transformers', the other factors 1e-4 and more
+    torch.testing.assert_close(logprobs[64], expected, rtol=0, atol=1e-5)
+    assert (logprobs[256] - expected).abs().max() > 1e-4
+    assert tokens[64] == _reference(directory)
+
+
+def test_gemma3_vl_takes_the_language_model_under_either_layout() -> None:
+    """transformers 4.x and 5.x save the language model as language_model.model.*; some
+    tools store 5.x's module names (model.language_model.*). The vision tower goes."""
+    from superinfer.model.families.gemma import gemma3_vl_weights
+
+    names = ["model.language_model.layers.0.mlp.up_proj.weight", "language_model.model.norm.weight",
+             "language_model.lm_head.weight", "lm_head.weight", "vision_tower.encoder.x",
+             "model.vision_tower.y", "multi_modal_projector.z", "model.multi_modal_projector.w"]  # fmt: skip
+    kept = [name for name, _ in gemma3_vl_weights(((n, None) for n in names), None)]
+    assert kept == ["model.layers.0.mlp.up_proj.weight", "model.norm.weight", "lm_head.weight",
+                    "lm_head.weight"]  # fmt: skip

@@ -50,6 +50,42 @@ def test_hf_default_rope_has_no_scaling() -> None:
     assert old_style.rope_theta == new_style.rope_theta == 1e4
 
 
+@pytest.mark.parametrize("rope_type", ["longrope", "su"])
+def test_phi35_and_phi4_mini_configs_as_their_checkpoints_state_them(rope_type: str) -> None:
+    """Phi-3.5-mini's and Phi-4-mini's config.json shapes (transformers 4.x): LongRoPE
+    under `rope_scaling`, the original context and the partial factor at the top level."""
+    phi = {"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "hidden_size": 3072,
+           "intermediate_size": 8192, "num_hidden_layers": 2, "num_attention_heads": 32,
+           "vocab_size": 32064, "max_position_embeddings": 131072,
+           "original_max_position_embeddings": 4096, "rope_theta": 10000.0,
+           "rope_scaling": {"type": rope_type, "short_factor": [1.0] * 48,
+                            "long_factor": [2.0] * 48}}  # fmt: skip
+    c = ModelConfig.from_hf_config(phi)
+    assert c.head_dim == 96 and c.num_rotary_dims == 96 and c.rotary_dim is None
+    assert c.rope_scaling == {"rope_type": "longrope", "short_factor": [1.0] * 48,
+                              "long_factor": [2.0] * 48, "max_position_embeddings": 131072,
+                              "original_max_position_embeddings": 4096}  # fmt: skip
+    phi4 = phi | {"num_attention_heads": 24, "partial_rotary_factor": 0.75}
+    assert ModelConfig.from_hf_config(phi4).num_rotary_dims == 96  # of 128
+
+
+def test_gemma3_4b_config_takes_transformers_defaults_for_what_it_leaves_out() -> None:
+    """gemma-3-4b-it's config.json: its text_config states 6 fields."""
+    gemma = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+             "eos_token_id": [1, 106], "mm_tokens_per_image": 256,
+             "text_config": {"hidden_size": 2560, "intermediate_size": 10240,
+                             "model_type": "gemma3_text", "num_hidden_layers": 34,
+                             "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                             "sliding_window": 1024},
+             "vision_config": {"model_type": "siglip_vision_model"}}  # fmt: skip
+    c = ModelConfig.from_hf_config(gemma)
+    assert (c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size) == (8, 4, 256, 262208)
+    assert c.attention_scale == 256**-0.5 and c.qk_norm and c.tie_word_embeddings
+    assert c.layer_types[:6] == ["sliding_attention"] * 5 + ["full_attention"]
+    assert c.rope_theta == 1e6 and c.rope_scaling == {"rope_type": "linear", "factor": 8.0}
+    assert c.local_rope_theta == 1e4 and c.eos_token_ids == [1, 106]
+
+
 def test_qwen2_has_qkv_bias_and_mistral_does_not() -> None:
     assert ModelConfig.from_hf_config(LLAMA | {"model_type": "qwen2"}).attention_bias
     assert not ModelConfig.from_hf_config(LLAMA | {"model_type": "mistral"}).attention_bias
@@ -59,7 +95,8 @@ def test_qwen2_has_qkv_bias_and_mistral_does_not() -> None:
     "change, match",
     [
         ({"model_type": "gpt2"}, "architecture"),
-        ({"rope_scaling": {"rope_type": "longrope", "factor": 4.0}}, "longrope"),
+        ({"rope_scaling": {"rope_type": "mrope", "factor": 4.0}}, "mrope"),
+        ({"rope_scaling": {"rope_type": "longrope", "factor": 4.0}}, "LongRoPE needs"),
         ({"num_key_value_heads": 3}, "multiple"),
     ],
 )

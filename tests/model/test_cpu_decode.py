@@ -47,7 +47,7 @@ def _decode_both_ways(model, num_steps: int = 6, block_size: int = 4, seed: int 
     return flat_logits, module_logits, flat_cache, module_cache
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "gemma", "phi3"])
+@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "gemma", "phi3", "phi3-longrope"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_same_logits_and_cache_as_the_modules(name, dtype, tmp_path):
     """Llama (llama3 RoPE), Qwen2 (q/k/v bias), Qwen3 (q/k norms), Gemma (norm offset,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -65,8 +67,8 @@ def test_gguf_frequency_factors_divide() -> None:
 
 
 def test_unknown_rope_type_is_rejected() -> None:
-    with pytest.raises(ValueError, match="longrope"):
-        rope_inv_freq(64, 10000.0, {"rope_type": "longrope", "factor": 4.0})
+    with pytest.raises(ValueError, match="mrope"):
+        rope_inv_freq(64, 10000.0, {"rope_type": "mrope", "factor": 4.0})
 
 
 def _interleave_last_dim(x: torch.Tensor) -> torch.Tensor:
@@ -185,3 +187,43 @@ def test_pack_linears_swaps_every_linear_and_keeps_shared_weights() -> None:
     assert pack_linears(model) == 2
     assert all(isinstance(m, PackedLinear) for m in model[1:])
     assert model[0].weight.shape == (10, 8)
+
+
+PHI3_LONGROPE = {"rope_type": "longrope", "short_factor": [1.0, 1.2, 1.5, 2.0],
+                 "long_factor": [1.0, 2.0, 4.0, 8.0], "original_max_position_embeddings": 64,
+                 "max_position_embeddings": 256}  # fmt: skip
+
+
+@pytest.mark.parametrize("context_len", [64, 65, None])
+def test_longrope_frequencies_and_factor_match_transformers(context_len: int | None) -> None:
+    from transformers import Phi3Config
+
+    config = Phi3Config(hidden_size=64, num_attention_heads=4, max_position_embeddings=256,
+                        original_max_position_embeddings=64, partial_rotary_factor=0.5,
+                        rope_parameters={"rope_theta": 10000.0, **PHI3_LONGROPE})  # fmt: skip
+    # transformers picks by the sequence: long past the original context (as superinfer
+    # does for every sequence once max_model_len is past it; unset: 256)
+    seq_len = 65 if context_len is None or context_len > 64 else 64
+    expected, factor = ROPE_INIT_FUNCTIONS["longrope"](config, "cpu", seq_len=seq_len)
+    scaling = {**PHI3_LONGROPE, "context_len": context_len}
+    assert torch.equal(rope_inv_freq(8, 10000.0, scaling), expected)
+    rope = RotaryEmbedding(16, 10000.0, scaling, rotary_dim=8)
+    assert rope.magnitudes[:4].tolist() == pytest.approx([factor] * 4)
+    assert factor == pytest.approx((1 + math.log(4) / math.log(64)) ** 0.5)
+
+
+def test_partial_rotation_passes_the_last_dims_through() -> None:
+    from transformers.models.phi3.modeling_phi3 import apply_rotary_pos_emb as phi3_rotary
+
+    num_tokens, num_heads, head_dim, rotary_dim = 5, 3, 16, 12
+    x = torch.randn(num_tokens, num_heads, head_dim)  # HF's layout: rotate-half of 12 dims
+    positions = torch.tensor([0, 1, 7, 100, 4095])
+    rope = RotaryEmbedding(head_dim, 10000.0, None, rotary_dim=rotary_dim)
+    angles = positions[:, None].float() * rope.inv_freq  # (T, R/2)
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    expected, _ = phi3_rotary(x, x, cos, sin, unsqueeze_dim=1)
+    rows = interleave_rope_rows(torch.arange(head_dim), head_dim, rotary_dim)
+    assert rows[rotary_dim:].tolist() == list(range(rotary_dim, head_dim))  # not moved
+    ours = apply_rotary(x[..., rows], rope(positions))
+    torch.testing.assert_close(ours, expected[..., rows], rtol=1e-5, atol=1e-5)
+    assert torch.equal(ours[..., rotary_dim:], x[..., rotary_dim:])  # exactly

@@ -64,7 +64,7 @@ def hf_models(tmp_path_factory) -> dict:
                "gemma2": tiny_gemma2_gguf_config(), "gemma3": tiny_gemma3_gguf_config(),
                "qwen3moe": tiny_qwen3_moe_gguf_config()}  # fmt: skip
     out = {}
-    for name in ("llama", "qwen3", "gemma2", "gemma3", "phi3", "qwen3moe", "mixtral"):
+    for name in {n for n, _ in GGUF_ARCHS}:
         directory = save_tiny(tmp_path_factory.mktemp(name), configs[name], seed=5)
         out[name] = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
     return out
@@ -97,8 +97,9 @@ def test_int4_planes_reproduce_the_dequantized_blocks(qtype, tmp_path) -> None:
 
 # (tiny model, llama.cpp's architecture): Mixtral is llama.cpp's llama with experts
 GGUF_ARCHS = [("llama", "llama"), ("qwen3", "qwen3"), ("gemma2", "gemma2"),
-              ("gemma3", "gemma3"), ("phi3", "phi3"), ("qwen3moe", "qwen3moe"),
-              ("mixtral", "llama")]  # fmt: skip
+              ("gemma3", "gemma3"), ("phi3", "phi3"), ("phi3-longrope", "phi3"),
+              ("qwen3moe", "qwen3moe"), ("mixtral", "llama")]  # fmt: skip
+DENSE_GGUF_ARCHS = [a for a in GGUF_ARCHS if a[0] not in ("qwen3moe", "mixtral")]  # MoE: own tests
 
 
 @pytest.mark.parametrize(("name", "arch"), GGUF_ARCHS)
@@ -122,14 +123,14 @@ def test_gguf_round_trip_matches_transformers(name, arch, hf_models, tmp_path) -
 
 @needs_kernel
 @pytest.mark.parametrize("qtype", QTYPES, ids=lambda q: q.name)
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma2", "gemma3", "phi3"])
+@pytest.mark.parametrize(("name", "arch"), DENSE_GGUF_ARCHS)
 def test_quantized_execution_agrees_with_the_dequantized_file(
-    arch, qtype, hf_models, tmp_path
+    name, arch, qtype, hf_models, tmp_path
 ) -> None:
-    path = write_gguf(hf_models[arch], tmp_path / "q.gguf", arch, qtype)
+    path = write_gguf(hf_models[name], tmp_path / "q.gguf", arch, qtype)
     dense, _ = load_gguf_model(str(path), torch.bfloat16, CPU, "none")
     quantized, info = load_gguf_model(str(path), torch.bfloat16, CPU, "gguf")
-    num_linears = 4 * hf_models[arch].config.num_hidden_layers + 1  # + lm_head
+    num_linears = 4 * hf_models[name].config.num_hidden_layers + 1  # + lm_head
     assert info.num_quantized_linears == num_linears
     assert sum(isinstance(m, Int4Linear) for m in quantized.modules()) == num_linears
     runs = [PagedRun(m, 16, 4) for m in (dense, quantized)]

@@ -1,4 +1,5 @@
-"""Tiny randomly initialised Hugging Face checkpoints (Llama with llama3 RoPE, Qwen2)."""
+"""Tiny randomly initialised Hugging Face checkpoints (Llama with llama3 RoPE, Qwen2, Phi-3
+with LongRoPE, and one of each registered architecture)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ LLAMA3_ROPE = {
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 16,
 }
+TINY_SIGLIP = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+               "num_attention_heads": 2, "image_size": 28, "patch_size": 14}  # fmt: skip
 PROMPT = [1, 17, 42, 99, 5, 63, 8, 120, 33, 71, 2, 64, 90]
 
 
@@ -37,6 +40,21 @@ def tiny_llama_config() -> LlamaConfig:
 
 def tiny_qwen2_config() -> Qwen2Config:
     return Qwen2Config(**TINY, tie_word_embeddings=True)
+
+
+def tiny_phi3_longrope_config(original_context: int = 4, **overrides):
+    """Phi-4-mini's RoPE in small: LongRoPE over the first 3/4 of each head's dims. With
+    the original context (4) shorter than every test prompt, transformers takes the long
+    factors from the prefill on, as superinfer does for any max_model_len above it."""
+    import transformers as hf
+
+    return hf.Phi3Config(
+        **{**TINY, **overrides}, pad_token_id=0, partial_rotary_factor=0.75,
+        original_max_position_embeddings=original_context,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                         "short_factor": [1.0, 1.1, 1.3, 1.7, 2.0, 2.5],
+                         "long_factor": [1.0, 1.5, 3.0, 6.0, 12.0, 20.0]},
+    )  # fmt: skip
 
 
 def save_tiny(directory: Path, config, seed: int) -> Path:
@@ -85,6 +103,7 @@ def tiny_configs() -> dict:
         "qwen2": tiny_qwen2_config(),
         "qwen3": hf.Qwen3Config(**small, tie_word_embeddings=False),
         "phi3": hf.Phi3Config(**TINY, pad_token_id=0),
+        "phi3-longrope": tiny_phi3_longrope_config(),
         "gemma": hf.GemmaConfig(**small),
         "gemma2": hf.Gemma2Config(
             **small,
@@ -101,6 +120,11 @@ def tiny_configs() -> dict:
                 "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
                 "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
             },
+        ),
+        "gemma3-vl": hf.Gemma3Config(  # a SigLIP tower beside, not loaded
+            text_config={**small, **window, "query_pre_attn_scalar": 24},
+            vision_config=TINY_SIGLIP,
+            mm_tokens_per_image=4,
         ),
         "mixtral": hf.MixtralConfig(**TINY, num_local_experts=4, num_experts_per_tok=2),
         "qwen3_moe": hf.Qwen3MoeConfig(

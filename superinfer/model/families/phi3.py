@@ -1,4 +1,5 @@
-"""Phi-3 / Phi-3.5 (mini, medium): checkpoints with q/k/v and gate/up already fused."""
+"""Phi-3 / Phi-3.5 (mini, medium) and Phi-4-mini: checkpoints with q/k/v and gate/up
+already fused; LongRoPE on the 128k-context ones, partial RoPE on Phi-4-mini."""
 
 from __future__ import annotations
 
@@ -41,8 +42,6 @@ def phi3_weights(
 def phi3_gguf_config(
     metadata: Mapping[str, Any], names: Collection[str], factors: Sequence[float] | None
 ) -> ModelConfig:
-    if "rope_factors_long.weight" in names:
-        raise ValueError("Phi-3 with LongRoPE (the 128k models) is not supported")
     return ModelConfig(**gguf_common(metadata, names, factors), architecture="Phi3ForCausalLM")
 
 
@@ -51,7 +50,9 @@ register(Architecture(
     hf_weights=phi3_weights,
     gguf_arch="phi3", gguf_config=phi3_gguf_config,
     gguf_tensor_names={"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
-    features="fused qkv_proj and gate_up_proj in the checkpoint; sliding window if set",
-    tested="greedy parity with transformers; GGUF round trip (llama.cpp's layout, checked "
-    "against llama.cpp); Q4_0/Q4_1/Q8_0 quantized execution",
+    features="fused qkv_proj and gate_up_proj in the checkpoint; sliding window if set; "
+    "LongRoPE (Phi-3 128k, Phi-3.5), RoPE on part of each head (Phi-4-mini)",
+    tested="greedy parity with transformers (also with LongRoPE on 3/4 of each head, its "
+    "factors chosen by --max-model-len); GGUF round trip (llama.cpp's layout, LongRoPE's "
+    "factor tensors; checked against llama.cpp); Q4_0/Q4_1/Q8_0 quantized execution",
 ))  # fmt: skip
