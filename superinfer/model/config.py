@@ -49,7 +49,9 @@ class ModelConfig:
     rotary_dim: int | None = None
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
-    attention_bias: bool = False
+    attention_bias: bool = False  # q/k/v projections
+    o_proj_bias: bool = False  # the attention output projection
+    mlp_bias: bool = False  # gate/up and down projections
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     name: str = ""
@@ -201,6 +203,9 @@ def hf_common(cfg: Mapping[str, Any], attention_bias: bool = False) -> dict[str,
         "max_position_embeddings": cfg.get("max_position_embeddings", 2048),
         "tie_word_embeddings": cfg.get("tie_word_embeddings", False),
         "attention_bias": cfg.get("attention_bias", attention_bias),
+        # transformers: `attention_bias` gives o_proj a bias too (Qwen2's q/k/v bias does not)
+        "o_proj_bias": bool(cfg.get("attention_bias", False)),
+        "mlp_bias": bool(cfg.get("mlp_bias", False)),
         "bos_token_id": cfg.get("bos_token_id"),
         "eos_token_id": cfg.get("eos_token_id"),
         "name": cfg.get("_name_or_path") or cfg.get("model_type", ""),
@@ -239,6 +244,8 @@ def gguf_common(
         "max_position_embeddings": get("context_length", 2048),
         "tie_word_embeddings": "output.weight" not in tensor_names,
         "attention_bias": "blk.0.attn_q.bias" in tensor_names,
+        "o_proj_bias": "blk.0.attn_output.bias" in tensor_names,
+        "mlp_bias": "blk.0.ffn_down.bias" in tensor_names,
         "bos_token_id": metadata.get("tokenizer.ggml.bos_token_id"),
         "eos_token_id": metadata.get("tokenizer.ggml.eos_token_id"),
         "name": metadata.get("general.name", arch),

@@ -75,7 +75,8 @@ class Attention(nn.Module):
         self.head_dim = config.head_dim
         qkv_size = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
         self.qkv_proj = nn.Linear(config.hidden_size, qkv_size, bias=config.attention_bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size,
+                                bias=config.o_proj_bias)  # fmt: skip
         if config.qk_norm:
             eps, offset = config.rms_norm_eps, config.norm_offset
             self.q_norm = RMSNorm(self.head_dim, eps, offset)
@@ -117,8 +118,8 @@ class GatedMLP(nn.Module):
     def __init__(self, config: ModelConfig, inner: int | None = None) -> None:
         super().__init__()
         size, inner = config.hidden_size, inner or config.intermediate_size
-        self.gate_up_proj = nn.Linear(size, 2 * inner, bias=False)
-        self.down_proj = nn.Linear(inner, size, bias=False)
+        self.gate_up_proj = nn.Linear(size, 2 * inner, bias=config.mlp_bias)
+        self.down_proj = nn.Linear(inner, size, bias=config.mlp_bias)
         self.act = activation(config.hidden_act)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -353,8 +353,12 @@ def _checkpoint_scheme(path: str, hf_config: dict, quantization: str) -> QuantSc
 
 
 def _has_bias(config: ModelConfig, module: str) -> bool:
-    """Whether the decoder gives the checkpoint module `module` a bias (q/k/v only)."""
-    return config.attention_bias and module.endswith((".q_proj", ".k_proj", ".v_proj"))
+    """Whether the decoder gives the checkpoint module `module` a bias."""
+    if module.endswith((".q_proj", ".k_proj", ".v_proj")):
+        return config.attention_bias
+    if module.endswith(".o_proj"):
+        return config.o_proj_bias
+    return config.mlp_bias and module.endswith((".gate_proj", ".up_proj", ".down_proj"))
 
 
 def _safetensors_weights(path: str) -> Iterator[tuple[str, Tensor]]:

@@ -99,6 +99,7 @@ def tiny_configs() -> dict:
             **{**TINY, "max_position_embeddings": 24},
             rope_parameters={**rope, "rope_type": "dynamic", "factor": 2.0},
         ),
+        "llama-bias": hf.LlamaConfig(**TINY, attention_bias=True, mlp_bias=True),  # every layer
         "mistral": hf.MistralConfig(**TINY, sliding_window=8),
         "qwen2": tiny_qwen2_config(),
         "qwen3": hf.Qwen3Config(**small, tie_word_embeddings=False),

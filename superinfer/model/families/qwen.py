@@ -10,7 +10,7 @@ from superinfer.model.registry import Architecture, register
 
 
 def qwen2_config(cfg: Mapping[str, Any]) -> ModelConfig:
-    return ModelConfig(**hf_common(cfg, attention_bias=True))
+    return ModelConfig(**{**hf_common(cfg, attention_bias=True), "o_proj_bias": False})
 
 
 def qwen3_config(cfg: Mapping[str, Any]) -> ModelConfig:
