@@ -32,6 +32,7 @@ class ModelConfig:
     Gemma 3), `norm_offset` (norms scale by 1 + weight, Gemma), `sandwich_norm` (norms after
     attention and MLP too, Gemma 2/3), `hidden_act` ("silu" or "gelu_tanh"),
     `embedding_scale`, `attention_scale` (else 1/sqrt(head_dim)), logit soft-capping,
+    Granite's multipliers (`residual_multiplier`, `logits_scaling`),
     sliding-window layers (`layer_types[i] == "sliding_attention"`, with their own RoPE base
     `local_rope_theta` if set) and a mixture of experts (`num_experts` > 0).
     """
@@ -61,9 +62,12 @@ class ModelConfig:
     sandwich_norm: bool = False
     hidden_act: str = "silu"
     embedding_scale: float | None = None
+    is_embedding_scale_rounded: bool = True  # to the dtype first (Gemma), or not (Granite)
     attention_scale: float | None = None
     attn_logit_softcap: float | None = None
     final_logit_softcap: float | None = None
+    residual_multiplier: float | None = None  # scales attention and MLP outputs (Granite)
+    logits_scaling: float | None = None  # divides the logits (Granite)
     sliding_window: int | None = None
     layer_types: list[str] | None = None
     local_rope_theta: float | None = None
@@ -213,6 +217,21 @@ def hf_common(cfg: Mapping[str, Any], attention_bias: bool = False) -> dict[str,
         "sliding_window": window,
         "layer_types": list(layer_types) if window and layer_types else None,
     }
+
+
+def vl_text_config(cfg: Mapping[str, Any], model_type: str) -> dict[str, Any]:
+    """The language model's config of a vision-language checkpoint (served text only): its
+    `text_config`, completed with the defaults of transformers' own config class for its
+    `model_type` (`model_type` if unstated), which checkpoints rely on for what they leave
+    out; the end-of-sequence ids and the embedding tie the outer config states (transformers
+    5 ties a composite model's lm_head by the outer flag)."""
+    from transformers import AutoConfig
+
+    text = dict(cfg.get("text_config") or {})
+    full = AutoConfig.for_model(text.pop("model_type", model_type), **text).to_dict()
+    outer = {k: cfg[k] for k in ("eos_token_id", "bos_token_id", "tie_word_embeddings")
+             if cfg.get(k) is not None}  # fmt: skip
+    return {**full, **outer, "architectures": cfg.get("architectures")}
 
 
 def gguf_common(

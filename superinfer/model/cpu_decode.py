@@ -84,6 +84,7 @@ class FlatDecode:
         self.head_dim, self.dtype = first.head_dim, model.norm.weight.dtype
         self.scale = first.scale or 1.0 / math.sqrt(self.head_dim)
         self.gated = model.layers[0].mlp.gated  # act(gate) * up, as every layer's MLP
+        self.residual_multiplier = model.layers[0].residual_multiplier  # Granite
         self.norm, self.attention = norm, attention
         self.final_norm, self.final_eps = model.norm.kernel_weight(), model.norm.eps
         self.layers = [
@@ -157,8 +158,13 @@ class FlatDecode:
                                     o.data_ptr(), num_threads)  # fmt: skip
             if status != 0:
                 raise RuntimeError(f"rotary_decode_attention failed with status {status}")
-            h = self.norm(layer.o(o), residual, layer.post_norm, layer.eps)
+            o = layer.o(o)
+            if self.residual_multiplier is not None:  # as `DecoderLayer.forward`
+                o.mul_(self.residual_multiplier)
+            h = self.norm(o, residual, layer.post_norm, layer.eps)
             x = layer.down(self.gated(layer.gate_up(h)))
+            if self.residual_multiplier is not None:
+                x.mul_(self.residual_multiplier)
         return self.norm(x, residual, self.final_norm, self.final_eps)
 
 

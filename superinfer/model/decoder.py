@@ -154,6 +154,9 @@ class DecoderLayer(nn.Module):
             self.pre_feedforward_layernorm = RMSNorm(size, eps, offset)
             self.post_feedforward_layernorm = RMSNorm(size, eps, offset)
         self.mlp = MoE(config) if config.is_moe_layer(layer) else GatedMLP(config)
+        self.residual_multiplier = config.residual_multiplier
+        if self.sandwich and self.residual_multiplier is not None:
+            raise ValueError("residual multipliers with sandwich norms are not supported")
 
     def forward(
         self,
@@ -171,8 +174,13 @@ class DecoderLayer(nn.Module):
             h, residual = self.input_layernorm.add_forward(x, residual)
         x = self.self_attn(h, rotations, kv_cache, meta)
         if not self.sandwich:
+            if self.residual_multiplier is not None:  # Granite, as transformers: in the dtype
+                x.mul_(self.residual_multiplier)
             h, residual = self.post_attention_layernorm.add_forward(x, residual)
-            return self.mlp(h), residual
+            x = self.mlp(h)
+            if self.residual_multiplier is not None:
+                x.mul_(self.residual_multiplier)
+            return x, residual
         residual.add_(self.post_attention_layernorm(x))
         x = self.mlp(self.pre_feedforward_layernorm(residual))
         return self.post_feedforward_layernorm(x), residual
@@ -183,6 +191,7 @@ class DecoderModel(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.embedding_scale = config.embedding_scale
+        self.is_embedding_scale_rounded = config.is_embedding_scale_rounded
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling,
                                       config.rotary_dim)  # fmt: skip
         self.local_rotary = None
@@ -197,8 +206,10 @@ class DecoderModel(nn.Module):
         self, input_ids: Tensor, positions: Tensor, kv_cache: Tensor, meta: StepMetadata
     ) -> Tensor:
         x, residual = self.embed_tokens(input_ids), None  # (T, C)
-        if self.embedding_scale is not None:  # in the model's dtype, as transformers
-            x = x * torch.tensor(self.embedding_scale, dtype=x.dtype)
+        if self.embedding_scale is not None and self.is_embedding_scale_rounded:  # Gemma
+            x = x * torch.tensor(self.embedding_scale, dtype=x.dtype)  # in the dtype, as HF
+        elif self.embedding_scale is not None:  # Granite: by the float
+            x = x * self.embedding_scale
         rotation = self.rotary(positions)  # (T, 1, D/2)
         if self.flat_decode is not None and self.flat_decode.takes(meta, kv_cache):
             return self.flat_decode(x, rotation, kv_cache, meta)
@@ -253,6 +264,8 @@ class DecoderForCausalLM(nn.Module):
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """(S, C) hidden states -> (S, vocab) float32 logits."""
         logits = self.lm_head(hidden).float()
+        if self.config.logits_scaling is not None:
+            logits /= self.config.logits_scaling
         cap = self.config.final_logit_softcap
         return logits if cap is None else torch.tanh(logits / cap).mul_(cap)
 

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig
 
 from superinfer.model.loader import load_model
 from superinfer.model.registry import architectures
 from tests.model.paged import PagedRun
-from tests.model.tiny import save_tiny, tiny_configs, tiny_phi3_longrope_config
+from tests.model.tiny import hf_auto_class, save_tiny, tiny_configs, tiny_phi3_longrope_config
 
 CONFIGS = tiny_configs()
 PROMPTS = [[1, 17, 42, 99, 5, 63, 8, 120, 33, 71, 3, 64, 90],
@@ -37,8 +37,14 @@ def tiny(request, tmp_path_factory) -> tuple[str, Path]:
     return request.param, _saved(request.param, tmp_path_factory)
 
 
+def _hf_model(directory: Path):
+    """transformers' own model of a saved tiny checkpoint, in float32."""
+    auto = hf_auto_class(AutoConfig.from_pretrained(directory))
+    return auto.from_pretrained(directory, dtype=torch.float32).eval()
+
+
 def _reference(directory: Path) -> list[list[int]]:
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    model = _hf_model(directory)
     out = []
     with torch.inference_mode():
         for ids in PROMPTS:  # one at a time: no padding in the reference
@@ -77,7 +83,7 @@ def _chunked_greedy(run: PagedRun) -> list[list[int]]:
 def test_every_architecture_has_a_tiny_model() -> None:
     """One tiny config per registered name (`architectures[0]`: the class transformers
     builds and saves the checkpoint as)."""
-    names = {type(AutoModelForCausalLM.from_config(c)).__name__ for c in CONFIGS.values()}
+    names = {type(hf_auto_class(c).from_config(c)).__name__ for c in CONFIGS.values()}
     assert names == set(architectures())
 
 
@@ -92,7 +98,7 @@ def test_greedy_batched_chunked_matches_transformers(tiny) -> None:
 def test_prefill_logits_match_transformers(tiny) -> None:
     _name, directory = tiny
     loaded = load_model(str(directory), torch.float32, "cpu", pack_weights=False)
-    reference = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    reference = _hf_model(directory)
     run = PagedRun(loaded.model, num_blocks=64, block_size=4)
     seqs = [run.add(p) for p in PROMPTS]
     logits = run.step([(s, len(p)) for s, p in zip(seqs, PROMPTS)], all_logits=True)
@@ -150,7 +156,7 @@ def test_longrope_factors_follow_max_model_len(tmp_path) -> None:
         logprobs[max_model_len] = torch.tensor(
             [e.logprob for o in outputs for e in o.prompt_logprobs[1:]]
         )
-    reference = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    reference = _hf_model(directory)
     with torch.inference_mode():
         expected = torch.cat([
             reference(torch.tensor([p])).logits[0, :-1].log_softmax(-1)
@@ -163,14 +169,14 @@ def test_longrope_factors_follow_max_model_len(tmp_path) -> None:
     assert tokens[64] == _reference(directory)
 
 
-def test_gemma3_vl_takes_the_language_model_under_either_layout() -> None:
+def test_vision_language_checkpoints_give_their_language_model_either_layout() -> None:
     """transformers 4.x and 5.x save the language model as language_model.model.*; some
     tools store 5.x's module names (model.language_model.*). The vision tower goes."""
-    from superinfer.model.families.gemma import gemma3_vl_weights
+    from superinfer.model.weights import vl_text_weights
 
     names = ["model.language_model.layers.0.mlp.up_proj.weight", "language_model.model.norm.weight",
              "language_model.lm_head.weight", "lm_head.weight", "vision_tower.encoder.x",
              "model.vision_tower.y", "multi_modal_projector.z", "model.multi_modal_projector.w"]  # fmt: skip
-    kept = [name for name, _ in gemma3_vl_weights(((n, None) for n in names), None)]
+    kept = [name for name, _ in vl_text_weights(((n, None) for n in names), None)]
     assert kept == ["model.layers.0.mlp.up_proj.weight", "model.norm.weight", "lm_head.weight",
                     "lm_head.weight"]  # fmt: skip

@@ -86,6 +86,22 @@ def test_gemma3_4b_config_takes_transformers_defaults_for_what_it_leaves_out() -
     assert c.local_rope_theta == 1e4 and c.eos_token_ids == [1, 106]
 
 
+def test_mistral_small_31_config_is_its_mistral_language_model() -> None:
+    """Mistral-Small-3.1-24B-Instruct's config.json (transformers 4.50): lm_head stored."""
+    mistral = {"architectures": ["Mistral3ForConditionalGeneration"], "model_type": "mistral3",
+               "text_config": {"head_dim": 128, "hidden_act": "silu", "hidden_size": 5120,
+                               "intermediate_size": 32768, "max_position_embeddings": 131072,
+                               "model_type": "mistral", "num_attention_heads": 32,
+                               "num_hidden_layers": 40, "num_key_value_heads": 8,
+                               "rms_norm_eps": 1e-05, "rope_theta": 1e9, "sliding_window": None,
+                               "vocab_size": 131072},
+               "vision_config": {"model_type": "pixtral"}}  # fmt: skip
+    c = ModelConfig.from_hf_config(mistral)
+    assert (c.num_heads, c.num_kv_heads, c.head_dim, c.num_layers) == (32, 8, 128, 40)
+    assert c.rope_theta == 1e9 and c.rope_scaling is None and c.sliding_window is None
+    assert not c.tie_word_embeddings
+
+
 def test_qwen2_has_qkv_bias_and_mistral_does_not() -> None:
     assert ModelConfig.from_hf_config(LLAMA | {"model_type": "qwen2"}).attention_bias
     assert not ModelConfig.from_hf_config(LLAMA | {"model_type": "mistral"}).attention_bias

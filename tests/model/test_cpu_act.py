@@ -56,7 +56,8 @@ def test_rows_of_a_wider_tensor():
 
 
 def test_gated_mlp_runs_it_only_where_it_computes_the_same():
-    mlp = GatedMLP(SimpleNamespace(hidden_size=32, intermediate_size=48, hidden_act="silu"))
+    mlp = GatedMLP(SimpleNamespace(hidden_size=32, intermediate_size=48, hidden_act="silu",
+                                   mlp_bias=False))  # fmt: skip
     gate_up = torch.randn(4, 96)
     assert kernel.takes(gate_up.to(torch.bfloat16)) and not kernel.takes(gate_up)
     assert same_bits(mlp.gated(gate_up.to(torch.bfloat16)), reference(gate_up.to(torch.bfloat16)))

@@ -47,13 +47,14 @@ def _decode_both_ways(model, num_steps: int = 6, block_size: int = 4, seed: int 
     return flat_logits, module_logits, flat_cache, module_cache
 
 
-NAMES = ["llama", "llama-bias", "qwen2", "qwen3", "gemma", "phi3", "phi3-longrope"]
+NAMES = ["llama", "llama-bias", "granite", "qwen2", "qwen3", "gemma", "phi3", "phi3-longrope"]
 
 
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_same_logits_and_cache_as_the_modules(name, dtype, tmp_path):
-    """Llama (llama3 RoPE; and with a bias on every projection), Qwen2 (q/k/v bias), Qwen3
+    """Llama (llama3 RoPE; and with a bias on every projection), Granite (multipliers),
+    Qwen2 (q/k/v bias), Qwen3
     (q/k norms), Gemma (norm offset, GeGLU, embedding scale), Phi-3 (fused checkpoint
     projections; and LongRoPE on 3/4 of each head), in both dtypes the kernels take."""
     directory = save_tiny(tmp_path / name, CONFIGS[name], seed=5)

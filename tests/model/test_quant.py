@@ -97,8 +97,8 @@ def test_int4_planes_reproduce_the_dequantized_blocks(qtype, tmp_path) -> None:
 
 # (tiny model, llama.cpp's architecture): Mixtral is llama.cpp's llama with experts
 GGUF_ARCHS = [("llama", "llama"), ("llama-bias", "llama"), ("qwen3", "qwen3"),
-              ("gemma2", "gemma2"), ("gemma3", "gemma3"), ("phi3", "phi3"), ("phi3-longrope", "phi3"),
-              ("qwen3moe", "qwen3moe"), ("mixtral", "llama")]  # fmt: skip
+              ("gemma2", "gemma2"), ("gemma3", "gemma3"), ("phi3", "phi3"),
+              ("phi3-longrope", "phi3"), ("qwen3moe", "qwen3moe"), ("mixtral", "llama")]  # fmt: skip
 DENSE_GGUF_ARCHS = [a for a in GGUF_ARCHS if a[0] not in ("qwen3moe", "mixtral")]  # MoE: own tests
 
 

@@ -7,7 +7,13 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    LlamaConfig,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+)
 
 VOCAB_SIZE = 128
 TINY = {
@@ -31,6 +37,8 @@ LLAMA3_ROPE = {
 }
 TINY_SIGLIP = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
                "num_attention_heads": 2, "image_size": 28, "patch_size": 14}  # fmt: skip
+TINY_PIXTRAL = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                "num_attention_heads": 2, "image_size": 28, "patch_size": 14, "head_dim": 16}  # fmt: skip
 PROMPT = [1, 17, 42, 99, 5, 63, 8, 120, 33, 71, 2, 64, 90]
 
 
@@ -57,11 +65,19 @@ def tiny_phi3_longrope_config(original_context: int = 4, **overrides):
     )  # fmt: skip
 
 
+def hf_auto_class(config):
+    """transformers' auto class for `config`: causal LM, or image-text-to-text for the
+    vision-language models that are not also causal LMs there (Mistral 3)."""
+    if type(config) in AutoModelForCausalLM._model_mapping:
+        return AutoModelForCausalLM
+    return AutoModelForImageTextToText
+
+
 def save_tiny(directory: Path, config, seed: int) -> Path:
     """Random weights (std 0.15: logits far from uniform) in several safetensors shards, and
     a word-level tokenizer 'w0' .. 'w127'."""
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config)
+    model = hf_auto_class(config).from_config(config)
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.15)
@@ -101,6 +117,13 @@ def tiny_configs() -> dict:
         ),
         "llama-bias": hf.LlamaConfig(**TINY, attention_bias=True, mlp_bias=True),  # every layer
         "mistral": hf.MistralConfig(**TINY, sliding_window=8),
+        "granite": hf.GraniteConfig(
+            **TINY,
+            embedding_multiplier=12.0,
+            attention_multiplier=0.2,
+            residual_multiplier=0.22,
+            logits_scaling=4.0,
+        ),
         "qwen2": tiny_qwen2_config(),
         "qwen3": hf.Qwen3Config(**small, tie_word_embeddings=False),
         "phi3": hf.Phi3Config(**TINY, pad_token_id=0),
@@ -126,6 +149,10 @@ def tiny_configs() -> dict:
             text_config={**small, **window, "query_pre_attn_scalar": 24},
             vision_config=TINY_SIGLIP,
             mm_tokens_per_image=4,
+        ),
+        "mistral3-vl": hf.Mistral3Config(  # a Pixtral tower beside, not loaded
+            text_config={**TINY, "model_type": "mistral", "sliding_window": None},
+            vision_config=TINY_PIXTRAL,
         ),
         "mixtral": hf.MixtralConfig(**TINY, num_local_experts=4, num_experts_per_tok=2),
         "qwen3_moe": hf.Qwen3MoeConfig(

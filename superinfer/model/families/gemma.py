@@ -7,14 +7,20 @@ RoPE base."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
 
-from superinfer.model.config import FULL, SLIDING, ModelConfig, gguf_common, hf_common, hf_rope
+from superinfer.model.config import (
+    FULL,
+    SLIDING,
+    ModelConfig,
+    gguf_common,
+    hf_common,
+    hf_rope,
+    vl_text_config,
+)
 from superinfer.model.registry import Architecture, register
-
-if TYPE_CHECKING:
-    from torch import Tensor
+from superinfer.model.weights import vl_text_weights
 
 
 def _gemma_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -66,40 +72,10 @@ def gemma3_config(cfg: Mapping[str, Any]) -> ModelConfig:
 
 
 def gemma3_vl_config(cfg: Mapping[str, Any]) -> ModelConfig:
-    """The language model of a Gemma 3 vision-language checkpoint (4B and up): its
-    `text_config`, completed with the defaults of transformers' own `Gemma3TextConfig`
-    (gemma-3-4b-it states 6 fields and relies on the class for the rest: heads, head_dim,
-    vocabulary, RoPE bases), the end-of-sequence ids of the outer config."""
-    from transformers import Gemma3TextConfig
-
-    text = Gemma3TextConfig(**cfg.get("text_config", {})).to_dict()
-    outer = {k: cfg[k] for k in ("eos_token_id", "bos_token_id") if cfg.get(k) is not None}
-    return gemma3_config({**text, **outer, "architectures": cfg.get("architectures")})
-
-
-# a Gemma 3 vision-language checkpoint's language model, as stored by transformers 4.x and
-# 5.x; its vision tower and projector are not loaded (text only)
-_VL_TEXT_PREFIXES = ("language_model.model.", "model.language_model.")
-_VL_LM_HEADS = ("language_model.lm_head.", "lm_head.")
-_VL_VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
-                       "model.multi_modal_projector.")  # fmt: skip
-
-
-def gemma3_vl_weights(
-    weights: Iterable[tuple[str, Tensor]], config: ModelConfig
-) -> Iterator[tuple[str, Tensor]]:
-    """The language model's weights under the text decoder's names; the vision tower's
-    are dropped as they stream past."""
-    for name, tensor in weights:
-        if name.startswith(_VL_VISION_PREFIXES):
-            continue
-        for prefix in _VL_TEXT_PREFIXES:
-            if name.startswith(prefix):
-                name = "model." + name.removeprefix(prefix)
-        for prefix in _VL_LM_HEADS:
-            if name.startswith(prefix):
-                name = "lm_head." + name.removeprefix(prefix)
-        yield name, tensor
+    """The language model of a Gemma 3 vision-language checkpoint (4B and up);
+    gemma-3-4b-it's `text_config` states 6 fields and leaves heads, head_dim, vocabulary
+    and RoPE bases to transformers' defaults (`vl_text_config`)."""
+    return gemma3_config(vl_text_config(cfg, "gemma3_text"))
 
 
 # llama.cpp's names for Gemma 2/3's layer tensors (its `ffn_norm` is the pre-MLP norm)
@@ -170,7 +146,7 @@ register(Architecture(
 ))  # fmt: skip
 register(Architecture(
     name="Gemma3ForConditionalGeneration", family="gemma", model_types=("gemma3",),
-    hf_config=gemma3_vl_config, hf_weights=gemma3_vl_weights,
+    hf_config=gemma3_vl_config, hf_weights=vl_text_weights,
     features="Gemma 3's language model (4B and up); the vision tower is not loaded: text "
              "only",
     tested="greedy parity with transformers' Gemma3ForConditionalGeneration on text; "

@@ -1,16 +1,24 @@
-"""Llama 2/3.x (and SmolLM, which is Llama) and Mistral, with its sliding window."""
+"""Llama 2/3.x (and SmolLM, which is Llama) and Mistral, with its sliding window; of
+Mistral 3's vision-language checkpoints, the language model."""
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from superinfer.model.config import ModelConfig, gguf_common, hf_common
+from superinfer.model.config import ModelConfig, gguf_common, hf_common, vl_text_config
 from superinfer.model.registry import Architecture, register
+from superinfer.model.weights import vl_text_weights
 
 
 def llama_config(cfg: Mapping[str, Any]) -> ModelConfig:
     return ModelConfig(**hf_common(cfg))
+
+
+def mistral3_config(cfg: Mapping[str, Any]) -> ModelConfig:
+    """The language model of a Mistral 3 vision-language checkpoint (Mistral Small 3.1
+    and 3.2): a Mistral decoder (`vl_text_config`)."""
+    return llama_config(vl_text_config(cfg, "mistral"))
 
 
 def llama_gguf_config(
@@ -37,4 +45,11 @@ register(Architecture(
     "out of the window are skipped and freed",
     tested="greedy parity with transformers, window shorter than the sequences; with "
     "blocks freed, 72 tokens past a window of 24, also under KV pressure",
+))  # fmt: skip
+register(Architecture(
+    name="Mistral3ForConditionalGeneration", family="llama", model_types=("mistral3",),
+    hf_config=mistral3_config, hf_weights=vl_text_weights,
+    features="Mistral's language model (Mistral Small 3.1, 3.2); the vision tower is not "
+             "loaded: text only",
+    tested="greedy parity with transformers' Mistral3ForConditionalGeneration on text",
 ))  # fmt: skip
