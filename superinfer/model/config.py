@@ -76,6 +76,7 @@ class ModelConfig:
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = True
+    shared_expert_intermediate_size: int = 0  # a gated shared expert beside them (Qwen2-MoE)
     dense_layers: list[int] = field(default_factory=list)  # MLP, not MoE, in a MoE model
 
     def __post_init__(self) -> None:
@@ -217,21 +218,6 @@ def hf_common(cfg: Mapping[str, Any], attention_bias: bool = False) -> dict[str,
         "sliding_window": window,
         "layer_types": list(layer_types) if window and layer_types else None,
     }
-
-
-def vl_text_config(cfg: Mapping[str, Any], model_type: str) -> dict[str, Any]:
-    """The language model's config of a vision-language checkpoint (served text only): its
-    `text_config`, completed with the defaults of transformers' own config class for its
-    `model_type` (`model_type` if unstated), which checkpoints rely on for what they leave
-    out; the end-of-sequence ids and the embedding tie the outer config states (transformers
-    5 ties a composite model's lm_head by the outer flag)."""
-    from transformers import AutoConfig
-
-    text = dict(cfg.get("text_config") or {})
-    full = AutoConfig.for_model(text.pop("model_type", model_type), **text).to_dict()
-    outer = {k: cfg[k] for k in ("eos_token_id", "bos_token_id", "tie_word_embeddings")
-             if cfg.get(k) is not None}  # fmt: skip
-    return {**full, **outer, "architectures": cfg.get("architectures")}
 
 
 def gguf_common(

@@ -1,4 +1,5 @@
-"""A mixture of SwiGLU experts with top-k routing (Mixtral, Qwen3-MoE).
+"""A mixture of SwiGLU experts with top-k routing (Mixtral, Qwen3-MoE, Qwen2-MoE with its
+shared expert).
 
 The experts' weights are stacked, (E, 2I, C) and (E, C, I); a step's (token, expert) pairs
 are sorted by expert and multiplied in one grouped matmul per projection
@@ -34,13 +35,21 @@ class Experts(nn.Module):
 
 class MoE(nn.Module):
     """Router `gate` (C -> E) picks `top_k` experts per token; their outputs are summed
-    with the softmax weights (renormalised over the top k if `norm_topk_prob`)."""
+    with the softmax weights (renormalised over the top k if `norm_topk_prob`). Qwen2-MoE
+    adds a shared expert that every token goes through, its output scaled by
+    sigmoid(`shared_expert_gate`)."""
 
     def __init__(self, config: ModelConfig) -> None:
+        from superinfer.model.decoder import GatedMLP  # which builds this module
+
         super().__init__()
         self.top_k, self.renormalize = config.num_experts_per_tok, config.norm_topk_prob
         self.gate = nn.Linear(config.hidden_size, config.num_experts, bias=False)
         self.experts = Experts(config.num_experts, config.hidden_size, config.moe_intermediate_size)
+        self.shared_expert = self.shared_expert_gate = None
+        if config.shared_expert_intermediate_size:
+            self.shared_expert = GatedMLP(config, config.shared_expert_intermediate_size)
+            self.shared_expert_gate = nn.Linear(config.hidden_size, 1, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
         probs = torch.softmax(self.gate(x).float(), -1)  # (T, E)
@@ -51,4 +60,7 @@ class MoE(nn.Module):
         tokens = order // self.top_k
         y = self.experts(x[tokens], experts)  # (T k, C)
         y = y * weights.flatten()[order].unsqueeze(1).to(y.dtype)
-        return torch.zeros_like(x).index_add_(0, tokens, y)  # (T, C)
+        out = torch.zeros_like(x).index_add_(0, tokens, y)  # (T, C)
+        if self.shared_expert is not None:
+            out += torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out

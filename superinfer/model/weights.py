@@ -10,14 +10,13 @@ sandwich norms (`pre_`/`post_feedforward_layernorm`), the router `mlp.gate` and
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
 if TYPE_CHECKING:
-    from superinfer.model.config import ModelConfig
     from superinfer.model.decoder import DecoderForCausalLM
 
 # Hugging Face projection name -> (fused parameter, index of its part)
@@ -127,7 +126,7 @@ def _part_sizes(model: DecoderForCausalLM, target: str) -> list[int]:
         return [c.num_heads * c.head_dim] + [c.num_kv_heads * c.head_dim] * 2
     if target.endswith("experts.gate_up_proj"):
         return [c.moe_intermediate_size] * 2
-    return [c.intermediate_size] * 2  # gate_up_proj
+    return [model.get_parameter(target).shape[0] // 2] * 2  # a gate_up_proj: halves
 
 
 def _expected_parts(
@@ -153,29 +152,3 @@ def _adoptable(tensor: Tensor, param: Tensor) -> bool:
     """Whether `tensor` can become the parameter's storage as is."""
     return (tensor.dtype == param.dtype and tensor.device == param.device
             and tensor.is_contiguous())  # fmt: skip
-
-
-# a vision-language checkpoint's language model (llava-style: Gemma 3, Mistral 3), as
-# transformers 4.x and 5.x save it, or under 5.x's module names; the vision tower and the
-# projector are not loaded (text only)
-_VL_TEXT_PREFIXES = ("language_model.model.", "model.language_model.")
-_VL_LM_HEADS = ("language_model.lm_head.", "lm_head.")
-_VL_VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
-                       "model.multi_modal_projector.")  # fmt: skip
-
-
-def vl_text_weights(
-    weights: Iterable[tuple[str, Tensor]], config: ModelConfig
-) -> Iterator[tuple[str, Tensor]]:
-    """A vision-language checkpoint's language-model weights under the decoder's names;
-    the vision tower's are dropped as they stream past."""
-    for name, tensor in weights:
-        if name.startswith(_VL_VISION_PREFIXES):
-            continue
-        for prefix in _VL_TEXT_PREFIXES:
-            if name.startswith(prefix):
-                name = "model." + name.removeprefix(prefix)
-        for prefix in _VL_LM_HEADS:
-            if name.startswith(prefix):
-                name = "lm_head." + name.removeprefix(prefix)
-        yield name, tensor

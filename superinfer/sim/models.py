@@ -46,6 +46,7 @@ class ModelProfile:
     max_model_len: int = 8192
     num_dense_layers: int = 0  # layers of a MoE model with a dense MLP instead of experts
     dense_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0  # a shared expert in each MoE layer (Qwen2-MoE)
 
     @classmethod
     def from_model_config(
@@ -70,6 +71,7 @@ class ModelProfile:
             max_model_len=max_model_len or config.max_position_embeddings,
             num_dense_layers=num_dense if moe else 0,
             dense_intermediate_size=config.intermediate_size if moe and num_dense else 0,
+            shared_expert_intermediate_size=config.shared_expert_intermediate_size,
         )
 
     @classmethod
@@ -114,8 +116,11 @@ class ModelProfile:
 
     @property
     def num_dense_mlp_params(self) -> int:
-        """The dense MLPs of a MoE model's dense layers, all of them together."""
-        return self.num_dense_layers * 3 * self.hidden_size * self.dense_intermediate_size
+        """What every token of a MoE model goes through besides attention: the dense MLPs of
+        its dense layers and the shared experts (with their gates) of its MoE layers."""
+        dense = self.num_dense_layers * 3 * self.hidden_size * self.dense_intermediate_size
+        shared = 3 * self.hidden_size * self.shared_expert_intermediate_size + self.hidden_size
+        return dense + (self.num_moe_layers * shared if self.shared_expert_intermediate_size else 0)
 
     def _num_params(self, num_experts: int) -> int:
         router = self.hidden_size * self.num_experts if self.num_experts > 1 else 0

@@ -172,7 +172,7 @@ def test_longrope_factors_follow_max_model_len(tmp_path) -> None:
 def test_vision_language_checkpoints_give_their_language_model_either_layout() -> None:
     """transformers 4.x and 5.x save the language model as language_model.model.*; some
     tools store 5.x's module names (model.language_model.*). The vision tower goes."""
-    from superinfer.model.weights import vl_text_weights
+    from superinfer.model.vision_language import vl_text_weights
 
     names = ["model.language_model.layers.0.mlp.up_proj.weight", "language_model.model.norm.weight",
              "language_model.lm_head.weight", "lm_head.weight", "vision_tower.encoder.x",

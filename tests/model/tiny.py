@@ -155,6 +155,14 @@ def tiny_configs() -> dict:
             vision_config=TINY_PIXTRAL,
         ),
         "mixtral": hf.MixtralConfig(**TINY, num_local_experts=4, num_experts_per_tok=2),
+        "qwen2_moe": hf.Qwen2MoeConfig(
+            **TINY,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=48,
+            shared_expert_intermediate_size=80,
+            decoder_sparse_step=2,
+        ),
         "qwen3_moe": hf.Qwen3MoeConfig(
             **small,
             num_experts=4,

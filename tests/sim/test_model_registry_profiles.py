@@ -68,6 +68,18 @@ def test_moe_profiles_count_the_active_experts():
     assert qwen.num_active_params == pytest.approx(3.3e9, rel=0.02)
 
 
+def test_a_shared_expert_counts_among_the_active_parameters():
+    """Qwen1.5-MoE-A2.7B's config: 14.3B parameters, 2.7B active."""
+    cfg = {"architectures": ["Qwen2MoeForCausalLM"], "hidden_size": 2048,
+           "intermediate_size": 5632, "num_hidden_layers": 24, "num_attention_heads": 16,
+           "num_key_value_heads": 16, "vocab_size": 151936, "num_experts": 60,
+           "num_experts_per_tok": 4, "moe_intermediate_size": 1408,
+           "shared_expert_intermediate_size": 5632, "tie_word_embeddings": False}  # fmt: skip
+    qwen = ModelProfile.from_hf_config(cfg, "qwen1.5-moe-a2.7b")
+    assert qwen.num_params == pytest.approx(14.3e9, rel=0.01)
+    assert qwen.num_active_params == pytest.approx(2.69e9, rel=0.01)
+
+
 def test_dense_layers_of_a_moe_model_count_once_and_are_read_every_step():
     cfg = {**HF_CONFIGS["qwen3-30b-a3b"][0], "mlp_only_layers": [0, 1]}
     profile = ModelProfile.from_hf_config(cfg, "two-dense")
@@ -76,9 +88,10 @@ def test_dense_layers_of_a_moe_model_count_once_and_are_read_every_step():
     per_layer_experts = 128 * all_moe.num_expert_params + 2048 * 128
     assert all_moe.num_params - profile.num_params == 2 * (per_layer_experts - 3 * 2048 * 6144)
     hardware = get_hardware("h200")
-    assert RooflinePredictor(profile, hardware)._dense_bytes > RooflinePredictor(
-        all_moe, hardware
-    )._dense_bytes
+    assert (
+        RooflinePredictor(profile, hardware)._dense_bytes
+        > RooflinePredictor(all_moe, hardware)._dense_bytes
+    )
 
 
 def test_qwen3_shape_has_its_own_head_dim():

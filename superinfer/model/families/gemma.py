@@ -17,10 +17,9 @@ from superinfer.model.config import (
     gguf_common,
     hf_common,
     hf_rope,
-    vl_text_config,
 )
 from superinfer.model.registry import Architecture, register
-from superinfer.model.weights import vl_text_weights
+from superinfer.model.vision_language import vl_text_config, vl_text_weights
 
 
 def _gemma_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:

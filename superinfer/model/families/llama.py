@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from superinfer.model.config import ModelConfig, gguf_common, hf_common, vl_text_config
+from superinfer.model.config import ModelConfig, gguf_common, hf_common
 from superinfer.model.registry import Architecture, register
-from superinfer.model.weights import vl_text_weights
+from superinfer.model.vision_language import vl_text_config, vl_text_weights
 
 
 def llama_config(cfg: Mapping[str, Any]) -> ModelConfig:

@@ -1,4 +1,5 @@
-"""Qwen2/2.5 (q/k/v bias), Qwen3 (q/k norms) and Qwen3-MoE (top-k routed experts)."""
+"""Qwen2/2.5 (q/k/v bias), Qwen3 (q/k norms), Qwen3-MoE (top-k routed experts) and
+Qwen2-MoE (routed and shared experts)."""
 
 from __future__ import annotations
 
@@ -17,15 +18,31 @@ def qwen3_config(cfg: Mapping[str, Any]) -> ModelConfig:
     return ModelConfig(**hf_common(cfg), qk_norm=True)
 
 
-def qwen3_moe_config(cfg: Mapping[str, Any]) -> ModelConfig:
+def _qwen_moe_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The experts of Qwen2-MoE and Qwen3-MoE, and their dense layers: those
+    `mlp_only_layers` names, and all but every `decoder_sparse_step`-th."""
     num_layers, step = cfg["num_hidden_layers"], cfg.get("decoder_sparse_step", 1)
-    dense = [i for i in range(num_layers) if i in cfg.get("mlp_only_layers", []) or (i + 1) % step]
+    only_mlp = cfg.get("mlp_only_layers") or []
+    return {
+        "num_experts": cfg.get("num_experts") or cfg["num_local_experts"],
+        "num_experts_per_tok": cfg["num_experts_per_tok"],
+        "moe_intermediate_size": cfg["moe_intermediate_size"],
+        "norm_topk_prob": cfg.get("norm_topk_prob", False),
+        "dense_layers": [i for i in range(num_layers) if i in only_mlp or (i + 1) % step],
+    }
+
+
+def qwen3_moe_config(cfg: Mapping[str, Any]) -> ModelConfig:
+    return ModelConfig(**hf_common(cfg), qk_norm=True, **_qwen_moe_fields(cfg))
+
+
+def qwen2_moe_config(cfg: Mapping[str, Any]) -> ModelConfig:
+    """Qwen1.5-MoE, Qwen2-57B-A14B: Qwen2's attention (q/k/v bias: `qkv_bias`), routed
+    experts and a gated shared expert."""
+    fields = hf_common(cfg, attention_bias=cfg.get("qkv_bias", True))
     return ModelConfig(
-        **hf_common(cfg), qk_norm=True,
-        num_experts=cfg.get("num_experts") or cfg["num_local_experts"],
-        num_experts_per_tok=cfg["num_experts_per_tok"],
-        moe_intermediate_size=cfg["moe_intermediate_size"],
-        norm_topk_prob=cfg.get("norm_topk_prob", False), dense_layers=dense,
+        **{**fields, "o_proj_bias": False}, **_qwen_moe_fields(cfg),
+        shared_expert_intermediate_size=cfg["shared_expert_intermediate_size"],
     )  # fmt: skip
 
 
@@ -66,4 +83,11 @@ register(Architecture(
     tested="greedy parity with transformers; GGUF round trip (llama.cpp's layout, checked "
     "against llama.cpp); Q4_0/Q4_1/Q8_0/Q4_K quantized experts against the "
     "dequantized file, and through the engine",
+))  # fmt: skip
+register(Architecture(
+    name="Qwen2MoeForCausalLM", family="qwen", model_types=("qwen2_moe",),
+    hf_config=qwen2_moe_config,
+    features="q/k/v bias; top-k routed experts (softmax, optional renormalisation) and a "
+             "shared expert gated by a sigmoid; dense MLP on `mlp_only_layers`",
+    tested="greedy parity with transformers",
 ))  # fmt: skip
