@@ -22,7 +22,9 @@ class SchedulerConfig:
         512, "Token budget of one step (prefill chunks + decode tokens together)."
     )
     max_model_len: int = opt(
-        2048, "Longest sequence (prompt + output) a request may reach, in tokens."
+        2048, "Longest sequence (prompt + output) a request may reach, in tokens. Past a "
+        "LongRoPE model's original context (Phi-3.5, Phi-4-mini: 4096) it also selects the "
+        "long RoPE factors for every sequence, as vLLM does."
     )
     policy: str = opt(
         "rotasched",

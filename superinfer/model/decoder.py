@@ -196,8 +196,8 @@ class DecoderModel(nn.Module):
                                       config.rotary_dim)  # fmt: skip
         self.local_rotary = None
         if config.local_rope_theta is not None:
-            self.local_rotary = RotaryEmbedding(config.head_dim, config.local_rope_theta,
-                                                config.local_rope_scaling, config.rotary_dim)  # fmt: skip
+            local = config.local_rope_theta, config.local_rope_scaling
+            self.local_rotary = RotaryEmbedding(config.head_dim, *local, config.rotary_dim)
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.norm_offset)
         self.flat_decode: FlatDecode | None = None  # see DecoderForCausalLM.use_flat_decode
