@@ -1,5 +1,5 @@
 """Vision-language checkpoints served as their language model (text only): Gemma 3 from
-4B up, Mistral 3. Their config nests the decoder's under `text_config` and their weights
+4B up, Mistral 3, Qwen2-VL and Qwen2.5-VL. Their config nests the decoder's under `text_config` and their weights
 name it under a prefix, beside a vision tower and a projector that are not loaded. Torch-free,
 as the registry that reads it."""
 
@@ -29,13 +29,13 @@ def vl_text_config(cfg: Mapping[str, Any], model_type: str) -> dict[str, Any]:
     return {**full, **outer, "architectures": cfg.get("architectures")}
 
 
-# a vision-language checkpoint's language model (llava-style: Gemma 3, Mistral 3), as
-# transformers 4.x and 5.x save it, or under 5.x's module names; the vision tower and the
-# projector are not loaded (text only)
+# a vision-language checkpoint's language model (llava-style: Gemma 3, Mistral 3; Qwen-VL's
+# is already model.*), as transformers 4.x and 5.x save it, or under 5.x's module names;
+# the vision tower and the projector are not loaded (text only)
 _VL_TEXT_PREFIXES = ("language_model.model.", "model.language_model.")
 _VL_LM_HEADS = ("language_model.lm_head.", "lm_head.")
 _VL_VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
-                       "model.multi_modal_projector.")  # fmt: skip
+                       "model.multi_modal_projector.", "visual.", "model.visual.")  # fmt: skip
 
 
 def vl_text_weights(

@@ -102,6 +102,20 @@ def test_mistral_small_31_config_is_its_mistral_language_model() -> None:
     assert not c.tie_word_embeddings
 
 
+def test_qwen25_vl_config_of_transformers4_is_qwen2_with_plain_rope_on_text() -> None:
+    """Qwen2.5-VL-7B-Instruct's config.json: the text fields at the top level, M-RoPE."""
+    qwen = {"architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl",
+            "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+            "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
+            "rope_theta": 1000000.0, "max_position_embeddings": 128000, "eos_token_id": 151645,
+            "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+            "tie_word_embeddings": False, "vision_config": {"depth": 32}}  # fmt: skip
+    c = ModelConfig.from_hf_config(qwen)
+    assert (c.num_heads, c.num_kv_heads, c.head_dim) == (28, 4, 128)
+    assert c.rope_scaling is None and c.rope_theta == 1e6
+    assert c.attention_bias and not c.o_proj_bias and c.eos_token_ids == [151645]
+
+
 def test_qwen2_has_qkv_bias_and_mistral_does_not() -> None:
     assert ModelConfig.from_hf_config(LLAMA | {"model_type": "qwen2"}).attention_bias
     assert not ModelConfig.from_hf_config(LLAMA | {"model_type": "mistral"}).attention_bias

@@ -39,6 +39,11 @@ TINY_SIGLIP = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 
                "num_attention_heads": 2, "image_size": 28, "patch_size": 14}  # fmt: skip
 TINY_PIXTRAL = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
                 "num_attention_heads": 2, "image_size": 28, "patch_size": 14, "head_dim": 16}  # fmt: skip
+MROPE = {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0}
+TINY_QWEN2_VISION = {"depth": 1, "embed_dim": 32, "hidden_size": 64, "num_heads": 2,
+                     "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2}  # fmt: skip
+TINY_QWEN25_VISION = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+                      "out_hidden_size": 64, "fullatt_block_indexes": [0], "window_size": 112}  # fmt: skip
 PROMPT = [1, 17, 42, 99, 5, 63, 8, 120, 33, 71, 2, 64, 90]
 
 
@@ -155,6 +160,12 @@ def tiny_configs() -> dict:
             vision_config=TINY_PIXTRAL,
         ),
         "mixtral": hf.MixtralConfig(**TINY, num_local_experts=4, num_experts_per_tok=2),
+        "qwen2-vl": hf.Qwen2VLConfig(  # a vision tower beside, not loaded
+            text_config={**TINY, "rope_parameters": MROPE}, vision_config=TINY_QWEN2_VISION
+        ),
+        "qwen2.5-vl": hf.Qwen2_5_VLConfig(
+            text_config={**TINY, "rope_parameters": MROPE}, vision_config=TINY_QWEN25_VISION
+        ),
         "qwen2_moe": hf.Qwen2MoeConfig(
             **TINY,
             num_experts=4,

@@ -8,6 +8,7 @@ from typing import Any
 
 from superinfer.model.config import ModelConfig, gguf_common, hf_common
 from superinfer.model.registry import Architecture, register
+from superinfer.model.vision_language import vl_text_weights
 
 
 def qwen2_config(cfg: Mapping[str, Any]) -> ModelConfig:
@@ -44,6 +45,19 @@ def qwen2_moe_config(cfg: Mapping[str, Any]) -> ModelConfig:
         **{**fields, "o_proj_bias": False}, **_qwen_moe_fields(cfg),
         shared_expert_intermediate_size=cfg["shared_expert_intermediate_size"],
     )  # fmt: skip
+
+
+def qwen2_vl_config(cfg: Mapping[str, Any]) -> ModelConfig:
+    """The language model of Qwen2-VL / Qwen2.5-VL (text only): Qwen2 with M-RoPE, which on
+    text alone (one position on all three axes, as transformers gives text) is plain RoPE.
+    transformers 4.x states it at the top level, 5.x under `text_config`."""
+    text = dict(cfg.get("text_config") or {k: v for k, v in cfg.items() if k != "vision_config"})
+    key = "rope_parameters" if text.get("rope_parameters") else "rope_scaling"
+    rope = dict(text.get(key) or {})
+    rope.pop("mrope_section", None)
+    if rope.pop("type", None) == "mrope" or rope.get("rope_type") == "mrope":
+        rope["rope_type"] = "default"
+    return qwen2_config({**text, key: rope, "architectures": cfg.get("architectures")})
 
 
 def qwen_gguf_config(
@@ -91,3 +105,11 @@ register(Architecture(
              "shared expert gated by a sigmoid; dense MLP on `mlp_only_layers`",
     tested="greedy parity with transformers",
 ))  # fmt: skip
+for _name in ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration"):
+    register(Architecture(
+        name=_name, family="qwen", model_types=(), hf_config=qwen2_vl_config,
+        hf_weights=vl_text_weights,
+        features="Qwen2's language model with M-RoPE, plain RoPE on text; the vision tower "
+                 "is not loaded: text only",
+        tested="greedy parity with transformers' own class on text",
+    ))  # fmt: skip
