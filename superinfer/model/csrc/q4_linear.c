@@ -185,12 +185,10 @@ struct amx_config {
     uint8_t rows[16];
 };
 
-/* y[r] (32 columns from col, num_cols of them real) for num_rows <= AMX_ROWS rows of x, in
- * two groups of up to 16: tiles 0-3 sum (group, half), 4 and 5 hold the groups' pairs of x,
- * 6 and 7 the strip's halves' pairs, loaded once for both groups. */
-static void amx_rows(const uint32_t *x, int64_t x_stride, const uint32_t *w, int64_t num_pairs,
-                     const float *bias, uint16_t *y, int64_t y_stride, int64_t col,
-                     int num_cols, int num_rows) {
+/* The tile shapes for a group of num_rows <= AMX_ROWS rows: tiles 0-3 sum (group of 16
+ * rows, half of the strip), 4 and 5 hold the groups' pairs of x, 6 and 7 the strip's
+ * halves' pairs. */
+static void amx_configure(int num_rows) {
     const int rows0 = num_rows < 16 ? num_rows : 16, rows1 = num_rows - rows0;
     struct amx_config config __attribute__((aligned(64))) = {.palette = 1};
     const int rows_of[8] = {rows0, rows0, rows1, rows1, rows0, rows1, 16, 16}; /* per tile */
@@ -199,6 +197,18 @@ static void amx_rows(const uint32_t *x, int64_t x_stride, const uint32_t *w, int
         config.bytes_per_row[t] = rows_of[t] ? 64 : 0;
     }
     _tile_loadconfig(&config);
+}
+
+/* y[r] (32 columns from col, num_cols of them real) for num_rows <= AMX_ROWS rows of x, in
+ * two groups of up to 16 (tiles as amx_configure lays them out), the strip's pairs loaded
+ * once for both groups. The caller holds the shapes of a full group (gemm_by_strips loads
+ * them once per thread: a tile configuration costs as much as a few tile products); a
+ * shorter group loads its own and then the full ones back. */
+static void amx_rows(const uint32_t *x, int64_t x_stride, const uint32_t *w, int64_t num_pairs,
+                     const float *bias, uint16_t *y, int64_t y_stride, int64_t col,
+                     int num_cols, int num_rows) {
+    const int rows1 = num_rows > 16 ? num_rows - 16 : 0;
+    if (num_rows != AMX_ROWS) amx_configure(num_rows);
     _tile_zero(0);
     _tile_zero(1);
     if (rows1) {
@@ -224,7 +234,7 @@ static void amx_rows(const uint32_t *x, int64_t x_stride, const uint32_t *w, int
         _tile_stored(2, sums[1][0], 64);
         _tile_stored(3, sums[1][1], 64);
     }
-    _tile_release();
+    if (num_rows != AMX_ROWS) amx_configure(AMX_ROWS);
     __m512 acc[AMX_ROWS][2];
     for (int r = 0; r < num_rows; r++)
         for (int h = 0; h < 2; h++) acc[r][h] = _mm512_load_ps(sums[r / 16][h][r % 16]);
@@ -274,6 +284,10 @@ static int gemm_by_strips(const void *x, int64_t x_stride, int64_t num_rows,
 #pragma omp atomic write
             status = -2;
         }
+#ifdef HAVE_AMX
+        const int is_amx = weights->rows == amx_rows;
+        if (is_amx) amx_configure(AMX_ROWS); /* see amx_rows */
+#endif
 #pragma omp for schedule(static)
         for (int64_t s = 0; s < num_strips; s++) {
             if (!w) continue;
@@ -287,6 +301,9 @@ static int gemm_by_strips(const void *x, int64_t x_stride, int64_t num_rows,
                               num_out, col, num_cols, n);
             }
         }
+#ifdef HAVE_AMX
+        if (is_amx) _tile_release();
+#endif
         free(w);
     }
     return status;
