@@ -185,6 +185,10 @@ struct amx_config {
     uint8_t rows[16];
 };
 
+/* The row count of the tile shapes this thread loaded last inside gemm_by_strips (0: none
+ * yet in this call). */
+static __thread int amx_num_rows;
+
 /* The tile shapes for a group of num_rows <= AMX_ROWS rows: tiles 0-3 sum (group of 16
  * rows, half of the strip), 4 and 5 hold the groups' pairs of x, 6 and 7 the strip's
  * halves' pairs. */
@@ -197,18 +201,20 @@ static void amx_configure(int num_rows) {
         config.bytes_per_row[t] = rows_of[t] ? 64 : 0;
     }
     _tile_loadconfig(&config);
+    amx_num_rows = num_rows;
 }
 
 /* y[r] (32 columns from col, num_cols of them real) for num_rows <= AMX_ROWS rows of x, in
  * two groups of up to 16 (tiles as amx_configure lays them out), the strip's pairs loaded
- * once for both groups. The caller holds the shapes of a full group (gemm_by_strips loads
- * them once per thread: a tile configuration costs as much as a few tile products); a
- * shorter group loads its own and then the full ones back. */
+ * once for both groups. The tile shapes are loaded only when the row count differs from
+ * the last group's: a configuration costs as much as a few tile products, and every
+ * strip of a call has the same groups. Runs inside gemm_by_strips, which forgets the
+ * shapes at the start of a call (other code may load its own) and releases the tiles. */
 static void amx_rows(const uint32_t *x, int64_t x_stride, const uint32_t *w, int64_t num_pairs,
                      const float *bias, uint16_t *y, int64_t y_stride, int64_t col,
                      int num_cols, int num_rows) {
     const int rows1 = num_rows > 16 ? num_rows - 16 : 0;
-    if (num_rows != AMX_ROWS) amx_configure(num_rows);
+    if (num_rows != amx_num_rows) amx_configure(num_rows);
     _tile_zero(0);
     _tile_zero(1);
     if (rows1) {
@@ -234,7 +240,6 @@ static void amx_rows(const uint32_t *x, int64_t x_stride, const uint32_t *w, int
         _tile_stored(2, sums[1][0], 64);
         _tile_stored(3, sums[1][1], 64);
     }
-    if (num_rows != AMX_ROWS) amx_configure(AMX_ROWS);
     __m512 acc[AMX_ROWS][2];
     for (int r = 0; r < num_rows; r++)
         for (int h = 0; h < 2; h++) acc[r][h] = _mm512_load_ps(sums[r / 16][h][r % 16]);
@@ -286,7 +291,7 @@ static int gemm_by_strips(const void *x, int64_t x_stride, int64_t num_rows,
         }
 #ifdef HAVE_AMX
         const int is_amx = weights->rows == amx_rows;
-        if (is_amx) amx_configure(AMX_ROWS); /* see amx_rows */
+        amx_num_rows = 0; /* see amx_rows */
 #endif
 #pragma omp for schedule(static)
         for (int64_t s = 0; s < num_strips; s++) {
@@ -302,7 +307,8 @@ static int gemm_by_strips(const void *x, int64_t x_stride, int64_t num_rows,
             }
         }
 #ifdef HAVE_AMX
-        if (is_amx) _tile_release();
+        if (is_amx && amx_num_rows) _tile_release();
+        amx_num_rows = 0;
 #endif
         free(w);
     }
