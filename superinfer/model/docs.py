@@ -40,7 +40,12 @@ short ones, as vLLM and llama.cpp choose; transformers switches per forward pass
 longest sequence in it, which gives the same tokens while every sequence stays on one side
 of the original context. The startup log names the choice.
 
-Not supported yet: Gemma 3's vision tower (text only), GGUF files of Gemma 1. In GGUF files of the MoE families
+The vision-language checkpoints (Gemma 3 from 4B up, Mistral 3, Qwen2-VL and Qwen2.5-VL)
+serve their language model on text (`superinfer/model/vision_language.py`): the vision tower
+is not loaded, and a chat message with an image part gets a 400 naming the part's type.
+
+Not supported yet: the vision towers, GGUF files of Gemma 1, Granite and Qwen2-MoE. In GGUF
+files of the MoE families
 (Mixtral as llama.cpp's `llama` with experts, `qwen3moe`) the experts run quantized where
 the other layers do (`superinfer/model/quant_moe.py`, below); under `--quantization none`
 they are dequantized to `--dtype`.
@@ -127,7 +132,9 @@ as float32's do (`benchmarks/w4a8_quality.py`). It is opt-in for that reason.
    to `ModelConfig` (start from `hf_common(cfg)` and turn on the layer variants the family
    uses), a weight-name mapping if its checkpoints do not use the canonical names
    (`superinfer/model/weights.py` lists them), and `register(Architecture(...))` per HF
-   `architectures` name, with GGUF names if llama.cpp converts it.
+   `architectures` name, with GGUF names if llama.cpp converts it. A vision-language
+   checkpoint of a registered text family takes `vl_text_config` and `vl_text_weights`
+   (`superinfer/model/vision_language.py`) to serve its language model.
 2. If the family needs a layer variant the decoder lacks, add it to `ModelConfig` (off by
    default) and to `superinfer/model/decoder.py`, shared with every family.
 3. Import the module in `superinfer/model/families/__init__.py`.
