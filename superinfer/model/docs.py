@@ -42,7 +42,8 @@ of the original context. The startup log names the choice.
 
 The vision-language checkpoints (Gemma 3 from 4B up, Mistral 3, Qwen2-VL and Qwen2.5-VL)
 serve their language model on text (`superinfer/model/vision_language.py`): the vision tower
-is not loaded, and a chat message with an image part gets a 400 naming the part's type.
+is not loaded, and a chat message with an image part gets a 400 naming the part's type. A
+chat template kept only in the processor's `chat_template.json` is read from there.
 
 Not supported yet: the vision towers, GGUF files of Gemma 1, Granite and Qwen2-MoE. In GGUF
 files of the MoE families

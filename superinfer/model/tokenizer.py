@@ -1,5 +1,9 @@
 """The tokenizer (and chat template) that comes with a model.
 
+A vision-language checkpoint may keep its chat template only in its processor's
+`chat_template.json` (Mistral Small 3.1), which transformers' tokenizer does not read; it
+is taken from there when the tokenizer has none, as vLLM resolves it.
+
 Building one from a GGUF file is slow: transformers parses the file again and converts its
 vocabulary (about 3.5 s for SmolLM2, against 0.3 s to load a saved copy). The converted
 tokenizer is therefore kept on disk, keyed by the file's path, size and mtime, under
@@ -9,6 +13,7 @@ $SUPERINFER_CACHE_DIR (default ~/.cache/superinfer; set it empty to disable the 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -18,12 +23,16 @@ import transformers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
+PROCESSOR_CHAT_TEMPLATE = "chat_template.json"
 
 
 def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
     """The tokenizer of a Hugging Face directory or of a .gguf file."""
     if not path.endswith(".gguf"):
-        return AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        if getattr(tokenizer, "chat_template", None) is None:
+            tokenizer.chat_template = _processor_chat_template(path)
+        return tokenizer
     cached = _cache_path(path)
     if cached is not None and os.path.isdir(cached):
         try:
@@ -35,6 +44,16 @@ def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
     if cached is not None:
         _save(tokenizer, cached)
     return tokenizer
+
+
+def _processor_chat_template(path: str) -> str | None:
+    """The chat template of a processor's `chat_template.json` in `path`, if any."""
+    try:
+        with open(os.path.join(path, PROCESSOR_CHAT_TEMPLATE)) as f:
+            template = json.load(f).get("chat_template")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return template if isinstance(template, str) else None
 
 
 def cache_root() -> str:

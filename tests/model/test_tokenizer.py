@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -32,3 +33,16 @@ def test_empty_cache_dir_disables_the_cache(tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     assert load_tokenizer(default_model_path()).eos_token == "<|im_end|>"
     assert os.listdir(tmp_path) == []
+
+
+def test_a_processors_chat_template_serves_a_tokenizer_without_one(tmp_path) -> None:
+    """Mistral Small 3.1 keeps its template only in the processor's chat_template.json."""
+    from tests.model.tiny import save_tiny, tiny_llama_config
+
+    directory = save_tiny(tmp_path, tiny_llama_config(), seed=0)
+    assert load_tokenizer(str(directory)).chat_template is None
+    template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+    (directory / "chat_template.json").write_text(json.dumps({"chat_template": template}))
+    tokenizer = load_tokenizer(str(directory))
+    messages = [{"role": "user", "content": "w5 w6"}]
+    assert tokenizer.apply_chat_template(messages, tokenize=False) == "[user] w5 w6\n"
