@@ -582,13 +582,12 @@ def swap_int4_linears(
     the dense copy stays there. With `is_w4a8` (and `max_int4_rows`), the larger steps of
     every swapped layer (4-bit and Q8_0) run `cpu_w4a8`'s GEMM instead, which rounds their
     activations to 8 bits."""
-    dims = model.config.head_dim, model.config.rotary_dim  # q/k rows in RoPE order
     swapped = []
     for name, parts in planes.items():
         linear = model.get_submodule(name)
         if not isinstance(linear, nn.Linear) or len({p[0].shape[1] for p in parts}) != 1:
             continue  # Q4 and Q8_0 parts in one fused layer
-        parts = rope_ordered(name, parts, interleaved_qk, lambda p: _interleave(p, *dims))
+        parts = rope_ordered(name, parts, interleaved_qk, lambda p: _interleave(p, model.config))
         fused = [torch.cat([p[i] for p in parts]) for i in range(3)]
         int4 = Int4Linear(*fused, linear.in_features, linear.bias)
         if max_int4_rows is not None:
@@ -680,13 +679,12 @@ def swap_q6_k_linears(
     LM_HEAD_GEMV_MAX_ROWS: what it would run instead is the Q6_K GEMM, not a dense copy, and
     on Qwen3-0.6B's head the GEMV takes 0.81-0.83x its time at 5-8 rows
     (docs/results/models/q6k_scaled_1206/)."""
-    dims = model.config.head_dim, model.config.rotary_dim  # q/k rows in RoPE order
     swapped = []
     for name, parts in values.items():
         linear = model.get_submodule(name)
         if not isinstance(linear, nn.Linear) or max_gemv_rows < 1:
             continue
-        parts = rope_ordered(name, parts, interleaved_qk, lambda p: _interleave(p, *dims))
+        parts = rope_ordered(name, parts, interleaved_qk, lambda p: _interleave(p, model.config))
         q, sc, d = (torch.cat([p[i] for p in parts]) for i in range(3))
         weights = kernel.pack_q6_k(q, sc, d, linear.bias)
         layer = Q6KLinear(kernel, q4_kernel(), weights, max_gemv_rows)
@@ -718,9 +716,8 @@ def _w4a8_kernel() -> W4A8Kernel:
     return kernel
 
 
-def _interleave(
-    planes: tuple[Tensor, ...], head_dim: int, rotary_dim: int | None
-) -> tuple[Tensor, ...]:
+def _interleave(planes: tuple[Tensor, ...], config: ModelConfig) -> tuple[Tensor, ...]:
     """The row order `weights.interleave_rope_rows` gives the dense q/k projections."""
-    order = interleave_rope_rows(torch.arange(planes[0].shape[0]), head_dim, rotary_dim)
+    rows = torch.arange(planes[0].shape[0])
+    order = interleave_rope_rows(rows, config.head_dim, config.rotary_dim)
     return tuple(p[order] for p in planes)

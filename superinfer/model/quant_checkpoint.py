@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from superinfer.model.config import ModelConfig
 from superinfer.model.cuda_int4 import CudaInt4Linear, cuda_int4_available, inner_k_tiles
 from superinfer.model.fp8_linear import FP8, Fp8Linear
 from superinfer.model.quant import GROUP, Planes, int4_kernel_available, swap_int4_linears
@@ -264,14 +265,13 @@ def swap_quantized_linears(
     holds them) by layers that run on their quantized values, where `quantized_kernel`
     said they run; returns how many were swapped."""
     device = model.model.norm.weight.device
-    dims = model.config.head_dim, model.config.rotary_dim  # q/k rows in RoPE order
     if tensors.scheme.method == "fp8":
         make = functools.partial(_fp8_linear, dtype=dtype)
-        return _swap(model, _fused_parts(tensors.fp8), make, dims)
+        return _swap(model, _fused_parts(tensors.fp8), make)
     fused = _fused_parts(tensors.planes)
     if device.type == "cpu":
         return len(swap_int4_linears(model, fused, False, max_int4_rows))
-    return _swap(model, fused, functools.partial(_cuda_int4_linear, device=device), dims)
+    return _swap(model, fused, functools.partial(_cuda_int4_linear, device=device))
 
 
 def _fused_parts(layers: dict[str, object]) -> dict[str, list]:
@@ -297,7 +297,6 @@ def _swap(
     model: nn.Module,
     fused: dict[str, list],
     make: Callable[[list, nn.Linear], nn.Module | None],
-    dims: tuple[int, int | None],
 ) -> int:
     """Replace each layer of `fused` by `make(parts, linear)` (None: keep it); q/k rows are
     reordered for RoPE as `load_hf_weights` reorders the dense ones."""
@@ -307,7 +306,7 @@ def _swap(
         if not isinstance(linear, nn.Linear):
             continue
         if name.endswith("qkv_proj"):
-            parts = [_rope_rows(p, *dims) for p in parts[:2]] + list(parts[2:])
+            parts = [_rope_rows(p, model.config) for p in parts[:2]] + list(parts[2:])
         layer = make(parts, linear)
         if layer is not None:
             parent, _, child = name.rpartition(".")
@@ -316,10 +315,11 @@ def _swap(
     return swapped
 
 
-def _rope_rows(entry: tuple, head_dim: int, rotary_dim: int | None) -> tuple:
+def _rope_rows(entry: tuple, config: ModelConfig) -> tuple:
     """A part's row-indexed tensors in the model's q/k row order (scalars kept)."""
     return tuple(t if t is None or t.dim() == 0 or t.numel() == 1
-                 else interleave_rope_rows(t, head_dim, rotary_dim) for t in entry)  # fmt: skip
+                 else interleave_rope_rows(t, config.head_dim, config.rotary_dim)
+                 for t in entry)  # fmt: skip
 
 
 def _cuda_int4_linear(

@@ -91,14 +91,13 @@ def swap_mixed_linears(
     MixedLinear running steps of up to `max_gemv_rows` rows on `kernel`, larger ones on
     `cpu_q4`'s GEMM (`quant.quantize_linears` swaps mixed layers only where it runs);
     returns the names swapped."""
-    dims = model.config.head_dim, model.config.rotary_dim  # q/k rows in RoPE order
     swapped = []
     for name, typed in parts.items():
         linear = model.get_submodule(name)
         if not isinstance(linear, nn.Linear) or max_gemv_rows < 1:
             continue
         typed = rope_ordered(name, typed, interleaved_qk,
-                             lambda part: (part[0], _interleave(part[1], *dims)))  # fmt: skip
+                             lambda part: (part[0], _interleave(part[1], model.config)))  # fmt: skip
         gemm = q4_kernel()
         weights = _part_weights(kernel, gemm, _merged_runs(typed), linear)
         replace_module(model, name, MixedLinear(kernel, gemm, weights, max_gemv_rows))

@@ -33,7 +33,7 @@ def vl_text_config(cfg: Mapping[str, Any], model_type: str) -> dict[str, Any]:
 # is already model.*), as transformers 4.x and 5.x save it, or under 5.x's module names;
 # the vision tower and the projector are not loaded (text only)
 _VL_TEXT_PREFIXES = ("language_model.model.", "model.language_model.")
-_VL_LM_HEADS = ("language_model.lm_head.", "lm_head.")
+_VL_LM_HEAD = "language_model.lm_head."  # transformers 4.x; 5.x's is lm_head already
 _VL_VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
                        "model.multi_modal_projector.", "visual.", "model.visual.")  # fmt: skip
 
@@ -49,7 +49,6 @@ def vl_text_weights(
         for prefix in _VL_TEXT_PREFIXES:
             if name.startswith(prefix):
                 name = "model." + name.removeprefix(prefix)
-        for prefix in _VL_LM_HEADS:
-            if name.startswith(prefix):
-                name = "lm_head." + name.removeprefix(prefix)
+        if name.startswith(_VL_LM_HEAD):
+            name = "lm_head." + name.removeprefix(_VL_LM_HEAD)
         yield name, tensor

@@ -10,14 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from superinfer.model.config import (
-    FULL,
-    SLIDING,
-    ModelConfig,
-    gguf_common,
-    hf_common,
-    hf_rope,
-)
+from superinfer.model.config import FULL, SLIDING, ModelConfig, gguf_common, hf_common, hf_rope
 from superinfer.model.registry import Architecture, register
 from superinfer.model.vision_language import vl_text_config, vl_text_weights
 
