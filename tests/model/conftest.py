@@ -65,8 +65,8 @@ def tiny_qwen2(tmp_path_factory) -> Path:
 
 @pytest.fixture(params=["avx512", "amx"])
 def rows_on(request) -> Iterator[str]:
-    """The GEMMs run their rows on AVX-512 or on AMX (where this CPU has it), then back to
-    what the kernel chose at load."""
+    """The GEMMs and the attention kernels run on AVX-512 or on AMX (where this CPU has it),
+    then back to what the kernel chose at load."""
     kernel = q4_kernel()
     was_on = kernel.use_amx()
     if kernel.use_amx(request.param == "amx") != (request.param == "amx"):

@@ -25,16 +25,17 @@ def _case(
     head_dim: int,
     dtype: torch.dtype,
     seed: int = 0,
+    block_size: int = BLOCK_SIZE,
 ):
     gen = torch.Generator().manual_seed(seed)
-    num_blocks = sum(-(-n // BLOCK_SIZE) for n in lengths) + 8
-    cache = torch.randn(num_blocks, NUM_LAYERS, 2, BLOCK_SIZE, num_kv_heads, head_dim,
+    num_blocks = sum(-(-n // block_size) for n in lengths) + 8
+    cache = torch.randn(num_blocks, NUM_LAYERS, 2, block_size, num_kv_heads, head_dim,
                         generator=gen).to(dtype)  # fmt: skip
-    max_blocks = max(-(-n // BLOCK_SIZE) for n in lengths)
+    max_blocks = max(-(-n // block_size) for n in lengths)
     shuffled = torch.randperm(num_blocks, generator=gen).tolist()
     tables = torch.zeros(len(lengths), max_blocks, dtype=torch.long)
     for seq, n in enumerate(lengths):
-        for i in range(-(-n // BLOCK_SIZE)):
+        for i in range(-(-n // block_size)):
             tables[seq, i] = shuffled.pop()
     q = torch.randn(len(lengths), num_heads, head_dim, generator=gen).to(dtype)
     return q, cache, tables, torch.tensor(lengths)
@@ -56,7 +57,8 @@ def _reference(q, cache, tables, lengths, starts=None) -> torch.Tensor:
 @pytest.mark.parametrize("heads", [(9, 3), (4, 4), (8, 1)])
 # bfloat16 with a multiple of 32 takes the AVX-512 BF16 loops where the CPU has them
 @pytest.mark.parametrize("head_dim", [64, 128, 96, 80])
-def test_matches_dense_attention(dtype, tolerance, heads, head_dim):
+def test_matches_dense_attention(dtype, tolerance, heads, head_dim, rows_on):
+    """On AMX (bfloat16, 16-token groups of a block as tiles) and on AVX-512 alike."""
     kernel = decode_kernel()
     assert kernel is not None, "a compiler is here, so the kernel must build"
     # one token, block edges, several 256-token partitions, and a batch of mixed lengths
@@ -69,20 +71,34 @@ def test_matches_dense_attention(dtype, tolerance, heads, head_dim):
     torch.testing.assert_close(out.float(), expected, rtol=tolerance, atol=tolerance)
 
 
+# 32: two 16-token tiles a block on AMX; 8: a block smaller than a tile (AVX-512 only)
+@pytest.mark.parametrize("block_size", [32, 8])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_other_block_sizes(block_size, head_dim, rows_on):
+    kernel = decode_kernel()
+    assert kernel is not None
+    lengths = [1, 31, 32, 33, 63, 64, 65, 300]
+    q, cache, tables, seq_lens = _case(lengths, 9, 3, head_dim, torch.bfloat16, seed=3,
+                                       block_size=block_size)  # fmt: skip
+    out = kernel(q, cache, LAYER, tables, seq_lens)
+    expected = _reference(q, cache, tables, seq_lens)
+    torch.testing.assert_close(out.float(), expected, rtol=1e-2, atol=1e-2)
+
+
 @pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
-def test_a_window_reads_from_each_key_start(dtype, tolerance):
+def test_a_window_reads_from_each_key_start(dtype, tolerance, rows_on):
     kernel = decode_kernel()
     assert kernel is not None
     lengths = [40, 300, 700, 5]
     q, cache, tables, seq_lens = _case(lengths, 9, 3, 64, dtype)
-    starts = torch.tensor([7, 45, 100, 0])  # not on block or 16-token edges
+    starts = torch.tensor([7, 45, 100, 0])  # not on block or 16-token edges but the last
     out = kernel(q, cache, LAYER, tables, seq_lens, key_starts=starts)
     expected = _reference(q, cache, tables, seq_lens, starts)
     torch.testing.assert_close(out.float(), expected, rtol=tolerance, atol=tolerance)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_reads_only_its_own_layer_and_blocks(dtype):
+def test_reads_only_its_own_layer_and_blocks(dtype, rows_on):
     kernel = decode_kernel()
     assert kernel is not None
     q, cache, tables, seq_lens = _case([40, 70], 9, 3, 64, dtype)

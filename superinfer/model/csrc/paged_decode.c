@@ -12,6 +12,8 @@
  * A bfloat16 cache whose head size is a multiple of 32 takes AVX-512 BF16 dot products
  * where the compiler targets a CPU that has them (attend_partition_bf16): 1.7x faster at
  * 32 sequences of 100-600 tokens than converting every row to float.
+ * On CPUs with AMX (q4_use_amx) and blocks of a multiple of 16 tokens, the same work runs
+ * on AMX tiles (attend_amx).
  * OpenMP is the one torch is linked with (same libgomp), so both share one thread team.
  *
  * Compiled without -ffast-math on purpose: in a shared library it can switch the whole
@@ -126,6 +128,8 @@ static void attend_partition(
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
 #include <immintrin.h>
+
+#include "exp16.h"
 #define HAVE_AVX512_BF16 1
 #define PREFETCH_TOKENS 32 /* how far ahead the q.k loop asks for K rows */
 
@@ -157,6 +161,39 @@ static inline __m512 sum_lanes16(const __m512 v[16]) {
     __m512 b = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x44),
                              _mm512_shuffle_f32x4(u[2], u[3], 0xEE));
     return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD));
+}
+
+/* Lane 4L+k of the low pair sums is dim 8L+k of their 32 dims; of the high ones, dim
+ * 8L+4+k (the order unpacklo/unpackhi_epi16 leave): those 32 dims in order at out. */
+static inline void store_pair_sums(float *out, __m512 lo, __m512 hi) {
+    const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i second =
+        _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    _mm512_storeu_ps(out, _mm512_permutex2var_ps(lo, first, hi));
+    _mm512_storeu_ps(out + 16, _mm512_permutex2var_ps(lo, second, hi));
+}
+
+/* One query head's softmax over its n scores, 16 lanes at a time: their max and sum, and
+ * the weights e^(s - max) rounded to bfloat16 (vcvtneps2bf16 rounds to nearest even, as
+ * float_to_bf16; e^x >= e^-87 is never subnormal) into weights[0, padded), zeros past n. */
+static inline void softmax_weights(const float *scores, int n, int padded, uint16_t *weights,
+                                   float *max_out, float *sum_out) {
+    __m512 top = _mm512_set1_ps(-INFINITY);
+    for (int i = 0; i < n; i += 16)
+        top = _mm512_mask_max_ps(top, (__mmask16)(n - i >= 16 ? 0xFFFF : (1u << (n - i)) - 1),
+                                 top, _mm512_loadu_ps(scores + i));
+    const float m = _mm512_reduce_max_ps(top);
+    __m512 sum = _mm512_setzero_ps();
+    for (int i = 0; i < padded; i += 16) {
+        const __mmask16 live =
+            (__mmask16)(n - i >= 16 ? 0xFFFF : n <= i ? 0 : (1u << (n - i)) - 1);
+        const __m512 e = _mm512_maskz_mov_ps(
+            live, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, scores + i), _mm512_set1_ps(m))));
+        sum = _mm512_add_ps(sum, e);
+        _mm256_storeu_si256((__m256i *)(weights + i), (__m256i)_mm512_cvtneps_pbh(e));
+    }
+    *max_out = m;
+    *sum_out = _mm512_reduce_add_ps(sum);
 }
 
 static inline __m512bh load_bf16x32(const uint16_t *p) {
@@ -212,26 +249,8 @@ static inline __attribute__((always_inline)) void attend_bf16(
                                   _mm512_mul_ps(sum_lanes16(acc), _mm512_set1_ps(scale)));
         }
     }
-    for (int g = 0; g < group; g++) {
-        __m512 top = _mm512_set1_ps(-INFINITY);
-        for (int i = 0; i < n; i += 16)
-            top = _mm512_mask_max_ps(top, (__mmask16)(n - i >= 16 ? 0xFFFF : (1u << (n - i)) - 1),
-                                     top, _mm512_loadu_ps(&scores[g][i]));
-        const float m = _mm512_reduce_max_ps(top);
-        float s = 0.f;
-        for (int i = 0; i < n; i++) scores[g][i] = exp_nonpositive(scores[g][i] - m);
-        for (int i = 0; i < n; i++) s += scores[g][i];
-        part_max[g] = m;
-        part_sum[g] = s;
-        /* the weights rounded to bfloat16 (vcvtneps2bf16 rounds to nearest even, as
-         * float_to_bf16; e^x >= e^-87 is never subnormal), zeros past the last token */
-        for (int i = 0; i < n; i += 16) {
-            const __mmask16 in = (__mmask16)(n - i >= 16 ? 0xFFFF : (1u << (n - i)) - 1);
-            const __m256bh w = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(in, &scores[g][i]));
-            _mm256_storeu_si256((__m256i *)&weights[g][i], (__m256i)w);
-        }
-        weights[g][n] = 0; /* the partner of an odd last token */
-    }
+    for (int g = 0; g < group; g++) /* the partner of an odd last token weighs 0 */
+        softmax_weights(scores[g], n, (n + 16) & ~15, weights[g], &part_max[g], &part_sum[g]);
     __m512 acc[MAX_GROUP][MAX_HEAD_DIM / 16]; /* per 32 dims: the low, then the high pairs */
     for (int g = 0; g < group; g++)
         for (int c = 0; c < 2 * num_chunks; c++) acc[g][c] = _mm512_setzero_ps();
@@ -256,17 +275,10 @@ static inline __attribute__((always_inline)) void attend_bf16(
             }
         }
     }
-    /* lane 4L+k of the low sums is dim 8L+k of its 32; of the high sums, dim 8L+4+k */
-    const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
-    const __m512i second =
-        _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
     for (int g = 0; g < group; g++)
-        for (int c = 0; c < num_chunks; c++) {
-            float *out = part_acc + (int64_t)g * head_dim + 32 * c;
-            _mm512_storeu_ps(out, _mm512_permutex2var_ps(acc[g][2 * c], first, acc[g][2 * c + 1]));
-            _mm512_storeu_ps(out + 16,
-                             _mm512_permutex2var_ps(acc[g][2 * c], second, acc[g][2 * c + 1]));
-        }
+        for (int c = 0; c < num_chunks; c++)
+            store_pair_sums(part_acc + (int64_t)g * head_dim + 32 * c, acc[g][2 * c],
+                            acc[g][2 * c + 1]);
 }
 
 /* attend_bf16 with the group and head size known at compile time for the common shapes
@@ -299,6 +311,154 @@ static void attend_partition_bf16(
     ATTEND(group, num_chunks);
 #undef ATTEND
 }
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#define HAVE_AMX 1
+int q4_use_amx(int is_on); /* q4_linear.c: whether this process runs AMX (-1 only asks) */
+
+struct amx_config {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t bytes_per_row[16];
+    uint8_t rows[16];
+};
+
+/* Every tile 16 rows of 64 bytes; loaded once per thread and call (a configuration per
+ * work item costs more than a short item's products). */
+static void amx_configure(void) {
+    struct amx_config config __attribute__((aligned(64))) = {.palette = 1};
+    for (int t = 0; t < 8; t++) config.rows[t] = 16, config.bytes_per_row[t] = 64;
+    _tile_loadconfig(&config);
+}
+
+/* attend_bf16 on AMX tiles, for a cache whose blocks hold a multiple of 16 tokens:
+ * - S^T = K Q^T, 64 keys at a time: each 16 keys as they lie in their block are a tile
+ *   (tiles 4-5; keys past the last token, still in the block, are masked out) against Q^T
+ *   (tile 6: the group's query heads as its first columns, zeros after), laid out once
+ *   per item; the sums in tiles 0-3, one column per query head;
+ * - the softmax as attend_bf16's, P rounded to bfloat16;
+ * - O = P V, 32 tokens and 64 dims at a time: P a row per query head (tile 0), V's rows
+ *   interleaved in token pairs (tiles 1, 6, 7) as attend_bf16 interleaves them, the sums
+ *   in tiles 2-5.
+ * The group's heads fill a few columns of each tile: a tile product still does the work of
+ * many vector ones, and the vector path's horizontal sums go (1.1-1.2x the speed on
+ * SmolLM2's shape, benchmarks/decode_attention.py). */
+static void attend_amx(const uint16_t *q, const uint16_t *cache, const int64_t *block_table,
+                       int64_t block_stride, int64_t layer_offset, int64_t v_offset,
+                       int block_size, int num_heads, int num_kv_heads, int head_dim,
+                       float scale, int seq, int kv_head, int begin, int end, float *part_max,
+                       float *part_sum, float *part_acc) {
+    const int n = end - begin, group = num_heads / num_kv_heads, num_chunks = head_dim / 32;
+    const int64_t token_stride = (int64_t)num_kv_heads * head_dim;
+    const int64_t head_offset = layer_offset + (int64_t)kv_head * head_dim;
+    const uint16_t *qh = q + ((int64_t)seq * num_heads + (int64_t)kv_head * group) * head_dim;
+    float scores[MAX_GROUP][PARTITION_TOKENS];
+    /* P in bfloat16, a row per query head (rows past the group unused), zeros past n */
+    uint16_t weights[MAX_GROUP][PARTITION_TOKENS + 32] __attribute__((aligned(64)));
+    uint32_t q_t[MAX_HEAD_DIM / 32][16][16] __attribute__((aligned(64)));
+    float sums[4][16][16] __attribute__((aligned(64)));
+    uint32_t v_pairs[4][16][16] __attribute__((aligned(64)));
+    const uint16_t *k_rows[PARTITION_TOKENS + 64];
+    for (int i = 0, block = begin / block_size, offset = begin % block_size; i < n; i++) {
+        k_rows[i] = cache + block_table[block] * block_stride + head_offset +
+                    (int64_t)offset * token_stride;
+        if (++offset == block_size) offset = 0, block++;
+    }
+    /* groups of 16 past the last token read the last group's keys again (masked out): a
+     * group starting past the sequence could run past its block */
+    for (int i = n; i < ((n + 63) & ~63); i++) k_rows[i] = k_rows[(n - 1) & ~15];
+    /* Q^T: row p of chunk c holds, for each query head (column), its dims 32c + 2p, + 1 */
+    memset(q_t, 0, sizeof(uint32_t) * 16 * 16 * num_chunks);
+    for (int g = 0; g < group; g++)
+        for (int c = 0; c < num_chunks; c++)
+            for (int p = 0; p < 16; p++)
+                memcpy(&q_t[c][p][g], qh + (int64_t)g * head_dim + 32 * c + 2 * p, 4);
+    const int64_t stride = token_stride * 2;
+    const __m512i column0 = _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160,
+                                              176, 192, 208, 224, 240);
+    /* S^T, 64 keys at a time: tiles 0-3 their sums, 4-5 keys, 6-7 Q^T */
+    for (int t0 = 0; t0 < n; t0 += 64) {
+        prefetch_tokens(k_rows, t0 + 64, n - t0 - 64 < 64 ? n - t0 - 64 : 64, 0, head_dim);
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int c = 0; c < num_chunks; c++) {
+            const int64_t d = 32 * c;
+            _tile_loadd(6, q_t[c], 64);
+            _tile_loadd(4, k_rows[t0] + d, stride);
+            _tile_loadd(5, k_rows[t0 + 16] + d, stride);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 5, 6);
+            _tile_loadd(4, k_rows[t0 + 32] + d, stride);
+            _tile_loadd(5, k_rows[t0 + 48] + d, stride);
+            _tile_dpbf16ps(2, 4, 6);
+            _tile_dpbf16ps(3, 5, 6);
+        }
+        _tile_stored(0, sums[0], 64);
+        _tile_stored(1, sums[1], 64);
+        _tile_stored(2, sums[2], 64);
+        _tile_stored(3, sums[3], 64);
+        for (int k = 0; k < 4 && t0 + 16 * k < n; k++) {
+            const int m = n - t0 - 16 * k;
+            const __mmask16 in = (__mmask16)(m >= 16 ? 0xFFFF : (1u << m) - 1);
+            for (int g = 0; g < group; g++) /* column g: head g's scores of the 16 keys */
+                _mm512_mask_storeu_ps(
+                    &scores[g][t0 + 16 * k], in,
+                    _mm512_mul_ps(
+                        _mm512_i32gather_ps(_mm512_add_epi32(column0, _mm512_set1_epi32(g)),
+                                            &sums[k][0][0], 4),
+                        _mm512_set1_ps(scale)));
+        }
+        prefetch_tokens(k_rows, t0, n - t0 < 64 ? n - t0 : 64, v_offset, head_dim);
+    }
+    for (int g = 0; g < group; g++)
+        softmax_weights(scores[g], n, (n + 31) & ~31, weights[g], &part_max[g], &part_sum[g]);
+    static const uint16_t zeros[MAX_HEAD_DIM]; /* V rows past the last token */
+    /* O = P V, 64 dims at a time: tiles 2-5 their sums, 0 P, 1 and 6-7 V's token pairs */
+    for (int c0 = 0; c0 < num_chunks; c0 += 2) {
+        const int num_here = num_chunks - c0 < 2 ? 1 : 2;
+        _tile_zero(2);
+        _tile_zero(3);
+        _tile_zero(4);
+        _tile_zero(5);
+        for (int t0 = 0; t0 < n; t0 += 32) {
+            for (int i = 0; i < 16; i++) {
+                const int ta = t0 + 2 * i, tb = ta + 1;
+                const uint16_t *a = ta < n ? k_rows[ta] + v_offset : zeros;
+                const uint16_t *b = tb < n ? k_rows[tb] + v_offset : zeros;
+                for (int c = 0; c < num_here; c++) {
+                    const __m512i va = _mm512_loadu_si512((const void *)(a + 32 * (c0 + c)));
+                    const __m512i vb = _mm512_loadu_si512((const void *)(b + 32 * (c0 + c)));
+                    _mm512_store_si512((void *)v_pairs[2 * c][i], _mm512_unpacklo_epi16(va, vb));
+                    _mm512_store_si512((void *)v_pairs[2 * c + 1][i],
+                                       _mm512_unpackhi_epi16(va, vb));
+                }
+            }
+            _tile_loadd(0, &weights[0][t0], sizeof weights[0]);
+            _tile_loadd(1, v_pairs[0], 64);
+            _tile_loadd(6, v_pairs[1], 64);
+            _tile_dpbf16ps(2, 0, 1);
+            _tile_dpbf16ps(3, 0, 6);
+            if (num_here == 2) {
+                _tile_loadd(7, v_pairs[2], 64);
+                _tile_loadd(1, v_pairs[3], 64);
+                _tile_dpbf16ps(4, 0, 7);
+                _tile_dpbf16ps(5, 0, 1);
+            }
+        }
+        /* tile 2 + 2c: chunk c0 + c's low pairs' dims, tile 3 + 2c: its high ones' */
+        _tile_stored(2, sums[0], 64);
+        _tile_stored(3, sums[1], 64);
+        _tile_stored(4, sums[2], 64);
+        _tile_stored(5, sums[3], 64);
+        for (int c = 0; c < num_here; c++)
+            for (int g = 0; g < group; g++)
+                store_pair_sums(part_acc + (int64_t)g * head_dim + 32 * (c0 + c),
+                                _mm512_load_ps(sums[2 * c][g]),
+                                _mm512_load_ps(sums[2 * c + 1][g]));
+    }
+}
+#endif
 #endif
 
 /* out[s][h][:] = softmax(q[s][h] . K_s^T * scale) V_s for every sequence s of the batch.
@@ -336,43 +496,63 @@ int paged_decode_attention(
         return -2;
     }
 
-#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
-    for (int64_t item = 0; item < num_items; item++) {
-        int part = (int)(item % max_parts);
-        int kv_head = (int)(item / max_parts % num_kv_heads);
-        int seq = (int)(item / max_parts / num_kv_heads);
-        int begin = (key_starts ? (int)key_starts[seq] : 0) + part * PARTITION_TOKENS;
-        int end = begin + PARTITION_TOKENS;
-        if (end > seq_lens[seq]) end = (int)seq_lens[seq];
-        int64_t slot = ((int64_t)seq * num_heads + (int64_t)kv_head * group) * max_parts;
-        if (begin >= end) { /* this sequence is shorter: an empty partition */
-            for (int g = 0; g < group; g++) {
-                part_max[slot + (int64_t)g * max_parts + part] = -INFINITY;
-                part_sum[slot + (int64_t)g * max_parts + part] = 0.f;
-            }
-            continue;
-        }
-        float maxes[MAX_GROUP], sums[MAX_GROUP];
-        float accs[MAX_GROUP * MAX_HEAD_DIM];
-#ifdef HAVE_AVX512_BF16
-        if (is_bf16 && head_dim % 32 == 0)
-            attend_partition_bf16(q, kv_cache, block_tables + (int64_t)seq * max_blocks,
-                                  block_stride, layer_offset, v_offset, block_size, num_heads,
-                                  num_kv_heads, head_dim, scale, seq, kv_head, begin, end, maxes,
-                                  sums, accs);
-        else
+    int is_amx = 0; /* a group of 16 tokens of a block is one tile */
+#ifdef HAVE_AMX
+    is_amx = is_bf16 && head_dim % 32 == 0 && block_size % 16 == 0 && q4_use_amx(-1);
 #endif
-            attend_partition(q, kv_cache, is_bf16, block_tables + (int64_t)seq * max_blocks,
-                             block_stride, layer_offset, v_offset, block_size, num_heads,
-                             num_kv_heads, head_dim, scale, seq, kv_head, begin, end, maxes,
-                             sums, accs);
-        for (int g = 0; g < group; g++) {
-            int64_t at = slot + (int64_t)g * max_parts + part;
-            part_max[at] = maxes[g];
-            part_sum[at] = sums[g];
-            memcpy(part_acc + at * head_dim, accs + (int64_t)g * head_dim,
-                   (size_t)head_dim * sizeof(float));
+#pragma omp parallel num_threads(num_threads)
+    {
+#ifdef HAVE_AMX
+        if (is_amx) amx_configure();
+#endif
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < num_items; item++) {
+            int part = (int)(item % max_parts);
+            int kv_head = (int)(item / max_parts % num_kv_heads);
+            int seq = (int)(item / max_parts / num_kv_heads);
+            int begin = (key_starts ? (int)key_starts[seq] : 0) + part * PARTITION_TOKENS;
+            int end = begin + PARTITION_TOKENS;
+            if (end > seq_lens[seq]) end = (int)seq_lens[seq];
+            int64_t slot = ((int64_t)seq * num_heads + (int64_t)kv_head * group) * max_parts;
+            if (begin >= end) { /* this sequence is shorter: an empty partition */
+                for (int g = 0; g < group; g++) {
+                    part_max[slot + (int64_t)g * max_parts + part] = -INFINITY;
+                    part_sum[slot + (int64_t)g * max_parts + part] = 0.f;
+                }
+                continue;
+            }
+            float maxes[MAX_GROUP], sums[MAX_GROUP];
+            float accs[MAX_GROUP * MAX_HEAD_DIM];
+#ifdef HAVE_AMX
+            if (is_amx && begin % 16 == 0) /* not at a window's start inside a group */
+                attend_amx(q, kv_cache, block_tables + (int64_t)seq * max_blocks, block_stride,
+                           layer_offset, v_offset, block_size, num_heads, num_kv_heads, head_dim,
+                           scale, seq, kv_head, begin, end, maxes, sums, accs);
+            else
+#endif
+#ifdef HAVE_AVX512_BF16
+            if (is_bf16 && head_dim % 32 == 0)
+                attend_partition_bf16(q, kv_cache, block_tables + (int64_t)seq * max_blocks,
+                                      block_stride, layer_offset, v_offset, block_size,
+                                      num_heads, num_kv_heads, head_dim, scale, seq, kv_head,
+                                      begin, end, maxes, sums, accs);
+            else
+#endif
+                attend_partition(q, kv_cache, is_bf16, block_tables + (int64_t)seq * max_blocks,
+                                 block_stride, layer_offset, v_offset, block_size, num_heads,
+                                 num_kv_heads, head_dim, scale, seq, kv_head, begin, end, maxes,
+                                 sums, accs);
+            for (int g = 0; g < group; g++) {
+                int64_t at = slot + (int64_t)g * max_parts + part;
+                part_max[at] = maxes[g];
+                part_sum[at] = sums[g];
+                memcpy(part_acc + at * head_dim, accs + (int64_t)g * head_dim,
+                       (size_t)head_dim * sizeof(float));
+            }
         }
+#ifdef HAVE_AMX
+        if (is_amx) _tile_release();
+#endif
     }
 
 #pragma omp parallel for schedule(static) num_threads(num_threads)

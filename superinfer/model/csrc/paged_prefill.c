@@ -35,27 +35,12 @@
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
 #include <immintrin.h>
+
+#include "exp16.h"
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
 #define HAVE_AMX 1
 int q4_use_amx(int is_on); /* q4_linear.c: whether this process runs AMX (-1 only asks) */
 #endif
-
-/* e^x for 16 lanes of x <= 0, as paged_decode.c's exp_nonpositive: 2^k * 2^f, 2^f from its
- * Taylor series to degree 6. */
-static inline __m512 exp16(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
-    const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.4426950409f));
-    const __m512 k = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_mul_ps(_mm512_sub_ps(t, k), _mm512_set1_ps(0.6931471806f));
-    __m512 p = _mm512_set1_ps(1.f / 720.f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 120.f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 24.f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 6.f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-    return _mm512_scalef_ps(p, k);
-}
 
 /* Where a work item reads and writes. Positions are the sequence's; block_table[0] holds
  * position first_position. */
