@@ -35,13 +35,15 @@ from superinfer.model.loader import load_model
 from tests.model.gguf_tiny import (
     tiny_gemma2_gguf_config,
     tiny_gemma3_gguf_config,
+    tiny_qwen2_moe_gguf_config,
     tiny_qwen3_moe_gguf_config,
     write_gguf,
 )
 from tests.model.paged import PagedRun
 from tests.model.tiny import TINY, tiny_phi3_longrope_config
 
-ARCHS = ("gemma2", "gemma3", "llama", "mixtral", "phi3", "phi3-longrope", "qwen3", "qwen3moe")
+ARCHS = ("gemma2", "gemma3", "llama", "mixtral", "phi3", "phi3-longrope", "qwen3", "qwen3moe",
+         "qwen2moe")  # fmt: skip
 VOCAB_SIZE = 49152  # the default model's tokenizer, which the GGUF carries for llama.cpp
 PROMPTS = [[1, 1717, 2222, 3333, 444, 5555, 66, 7777, 8888, 999, 10000, 11, 12121],
            [1, 42, 4242, 424, 24, 2424], [1, 300, 30000, 3, 33, 333, 3333, 33333]]  # fmt: skip
@@ -77,8 +79,9 @@ def tiny_config(arch: str):
         return Phi3Config(**small, pad_token_id=0)
     if arch == "phi3-longrope":  # Phi-4-mini's RoPE: LongRoPE (long factors), partial
         return tiny_phi3_longrope_config(**small)
-    if arch == "qwen3moe":
-        config = tiny_qwen3_moe_gguf_config(VOCAB_SIZE)
+    if arch in ("qwen3moe", "qwen2moe"):
+        make = tiny_qwen3_moe_gguf_config if arch == "qwen3moe" else tiny_qwen2_moe_gguf_config
+        config = make(VOCAB_SIZE)
         config.bos_token_id, config.eos_token_id = 1, 2
         return config
     if arch == "mixtral":  # llama.cpp's llama with experts

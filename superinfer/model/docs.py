@@ -45,11 +45,11 @@ serve their language model on text (`superinfer/model/vision_language.py`): the 
 is not loaded, and a chat message with an image part gets a 400 naming the part's type. A
 chat template kept only in the processor's `chat_template.json` is read from there.
 
-Not supported yet: the vision towers, GGUF files of Gemma 1, Granite and Qwen2-MoE. In GGUF
-files of the MoE families
-(Mixtral as llama.cpp's `llama` with experts, `qwen3moe`) the experts run quantized where
-the other layers do (`superinfer/model/quant_moe.py`, below); under `--quantization none`
-they are dequantized to `--dtype`.
+Not supported yet: the vision towers, GGUF files of Gemma 1 and Granite. In GGUF files of
+the MoE families (Mixtral as llama.cpp's `llama` with experts, `qwen3moe`, `qwen2moe`) the
+experts run quantized where the other layers do (`superinfer/model/quant_moe.py`, below), as
+does Qwen2-MoE's shared expert (its gate, a vector, stays float); under
+`--quantization none` they are dequantized to `--dtype`.
 
 GGUF files follow llama.cpp's conventions (its tensor names, fused q/k/v and gate/up for
 Phi-3; its q/k row order for Llama;
@@ -57,7 +57,7 @@ Gemma 2/3's norm weights stored as 1 + weight, their local-layer patterns, Gemma
 RoPE base). `benchmarks/gguf_vs_llama_cpp.py` writes a tiny random model of a GGUF family
 as the tests do and compares greedy tokens of transformers, llama.cpp and superinfer on it
 (docs/results/models/gguf_gemma3_1205/: all three agree for Llama, Qwen3, Phi-3, Gemma 2,
-Gemma 3, Qwen3-MoE and Mixtral).
+Gemma 3, Qwen3-MoE and Mixtral; docs/results/models/qwen2moe_gguf_1206/: Qwen2-MoE).
 
 Sliding windows: when every layer is windowed (Mistral; Mixtral, Phi-3 or Qwen2 with a
 window on all layers), the KV blocks no future query can see are freed as decoding

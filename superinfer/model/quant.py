@@ -408,6 +408,8 @@ _LAYER_SOURCES = {
     "self_attn.o_proj": ("attn_output",),
     "mlp.gate_up_proj": ("ffn_gate", "ffn_up"),
     "mlp.down_proj": ("ffn_down",),
+    "mlp.shared_expert.gate_up_proj": ("ffn_gate_shexp", "ffn_up_shexp"),  # Qwen2-MoE's
+    "mlp.shared_expert.down_proj": ("ffn_down_shexp",),
 }
 # files whose projections llama.cpp keeps fused (Phi-3): q/k/v in one tensor, gate and up
 # in `ffn_up`

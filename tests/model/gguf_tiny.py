@@ -28,7 +28,11 @@ _TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_hea
 _GEMMA_NAMES = {"post_attention_layernorm": "post_attention_norm",
                 "pre_feedforward_layernorm": "ffn_norm",
                 "post_feedforward_layernorm": "post_ffw_norm"}  # fmt: skip
-_ARCH_NAMES = {"gemma2": _GEMMA_NAMES, "gemma3": _GEMMA_NAMES,
+_QWEN2_MOE_NAMES = {"mlp.shared_expert_gate": "ffn_gate_inp_shexp",
+                    "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+                    "mlp.shared_expert.up_proj": "ffn_up_shexp",
+                    "mlp.shared_expert.down_proj": "ffn_down_shexp"}  # fmt: skip
+_ARCH_NAMES = {"gemma2": _GEMMA_NAMES, "gemma3": _GEMMA_NAMES, "qwen2moe": _QWEN2_MOE_NAMES,
                "phi3": {"self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}}  # fmt: skip
 _NORM_SHIFT = {"gemma2": 1.0, "gemma3": 1.0}
 
@@ -159,6 +163,21 @@ def tiny_qwen3_moe_gguf_config(vocab_size: int = 128, **overrides):
     return Qwen3MoeConfig(**{**fields, **overrides})
 
 
+def tiny_qwen2_moe_gguf_config(vocab_size: int = 128, **overrides):
+    """A tiny Qwen2-MoE as llama.cpp's qwen2moe runs it: every layer's MLP routed, top-k
+    weights as the router gives them, a gated shared expert; `overrides` change the
+    config's fields."""
+    from transformers import Qwen2MoeConfig
+
+    from tests.model.tiny import TINY
+
+    fields = {**TINY, "vocab_size": vocab_size, "num_experts": 4, "num_experts_per_tok": 2,
+              "moe_intermediate_size": 64, "shared_expert_intermediate_size": 96,
+              "decoder_sparse_step": 1, "mlp_only_layers": [],
+              "norm_topk_prob": False}  # fmt: skip
+    return Qwen2MoeConfig(**{**fields, **overrides})
+
+
 def gguf_name(hf_name: str, arch: str = "llama") -> str:
     stem, _, kind = hf_name.rpartition(".")
     if stem in _TOP:
@@ -224,6 +243,8 @@ def write_gguf(
         writer.add_expert_used_count(c.num_experts_per_tok)
         if getattr(c, "moe_intermediate_size", None):
             writer.add_expert_feed_forward_length(c.moe_intermediate_size)
+        if getattr(c, "shared_expert_intermediate_size", None):
+            writer.add_expert_shared_feed_forward_length(c.shared_expert_intermediate_size)
     writer.add_layer_norm_rms_eps(c.rms_norm_eps)
     writer.add_vocab_size(c.vocab_size)
     for name, tensor in model.state_dict().items():
@@ -243,6 +264,8 @@ def write_gguf(
             data = interleave_rope_rows(tensor.float(), head_dim).numpy()
         if name.endswith("norm.weight"):
             data = data + _NORM_SHIFT.get(arch, 0.0)
+        if name.endswith("shared_expert_gate.weight"):  # llama.cpp's: a vector, float32
+            data = data[0]
         if data.ndim == 2:
             kind = (types or {}).get(gguf_name(name, arch), qtype)
             writer.add_tensor(gguf_name(name, arch), _quantized(data, kind), raw_dtype=kind)

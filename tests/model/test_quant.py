@@ -42,6 +42,7 @@ from tests.model.gguf_tiny import (
     recorded_dequantizations,
     tiny_gemma2_gguf_config,
     tiny_gemma3_gguf_config,
+    tiny_qwen2_moe_gguf_config,
     tiny_qwen3_moe_gguf_config,
     write_gguf,
 )
@@ -62,7 +63,8 @@ K_QUANT_SIZES = {"hidden_size": 256, "intermediate_size": 512}
 def hf_models(tmp_path_factory) -> dict:
     configs = {**tiny_configs(), "llama": LlamaConfig(**TINY),  # plain RoPE in a GGUF
                "gemma2": tiny_gemma2_gguf_config(), "gemma3": tiny_gemma3_gguf_config(),
-               "qwen3moe": tiny_qwen3_moe_gguf_config()}  # fmt: skip
+               "qwen3moe": tiny_qwen3_moe_gguf_config(),
+               "qwen2moe": tiny_qwen2_moe_gguf_config()}  # fmt: skip
     out = {}
     for name in {n for n, _ in GGUF_ARCHS}:
         directory = save_tiny(tmp_path_factory.mktemp(name), configs[name], seed=5)
@@ -98,8 +100,10 @@ def test_int4_planes_reproduce_the_dequantized_blocks(qtype, tmp_path) -> None:
 # (tiny model, llama.cpp's architecture): Mixtral is llama.cpp's llama with experts
 GGUF_ARCHS = [("llama", "llama"), ("llama-bias", "llama"), ("qwen3", "qwen3"),
               ("gemma2", "gemma2"), ("gemma3", "gemma3"), ("phi3", "phi3"),
-              ("phi3-longrope", "phi3"), ("qwen3moe", "qwen3moe"), ("mixtral", "llama")]  # fmt: skip
-DENSE_GGUF_ARCHS = [a for a in GGUF_ARCHS if a[0] not in ("qwen3moe", "mixtral")]  # MoE: own tests
+              ("phi3-longrope", "phi3"), ("qwen3moe", "qwen3moe"), ("mixtral", "llama"),
+              ("qwen2moe", "qwen2moe")]  # fmt: skip
+# MoE: own tests
+DENSE_GGUF_ARCHS = [a for a in GGUF_ARCHS if a[0] not in ("qwen3moe", "mixtral", "qwen2moe")]
 
 
 @pytest.mark.parametrize(("name", "arch"), GGUF_ARCHS)

@@ -22,6 +22,7 @@ from tests.model.gguf_tiny import (
     MIXED_PROMPTS,
     engine_greedy,
     recorded_dequantizations,
+    tiny_qwen2_moe_gguf_config,
     tiny_qwen3_moe_gguf_config,
     write_gguf,
 )
@@ -39,6 +40,7 @@ Q4_K_M = "Q4_K_M"
 MODELS = {
     "qwen3moe": (lambda: tiny_qwen3_moe_gguf_config(moe_intermediate_size=64), "qwen3moe"),
     "mixtral": (lambda: tiny_configs()["mixtral"], "llama"),
+    "qwen2moe": (tiny_qwen2_moe_gguf_config, "qwen2moe"),  # and a gated shared expert
     # down_exps' rows (48) do not divide into blocks: written F32, kept dense
     "qwen3moe-48": (tiny_qwen3_moe_gguf_config, "qwen3moe"),
     # every matrix divides into Q4_K's super-blocks of 256
@@ -172,6 +174,9 @@ GREEDY_CASES = [(name, qtype, 4 if (name, qtype) == ("qwen3moe", Q8_0) else 12)
 # the Q4_K_M one parts on a near-tie at step 3 since its Q6_K experts' GEMM multiplies by
 # the exact weights up to 24 rows (q4_linear.c), as the GEMV does, not by bfloat16 ones
 GREEDY_CASES += [("qwen3moe-256", Q6_K, 12), ("qwen3moe-256", Q4_K_M, 3)]
+# the tiny Qwen2-MoE in Q4_1 parts from `none` on a near-tie at step 4 (24 steps agree in
+# Q4_0 and Q8_0)
+GREEDY_CASES += [("qwen2moe", Q4_0, 12), ("qwen2moe", Q4_1, 4), ("qwen2moe", Q8_0, 12)]
 
 
 @pytest.mark.parametrize(("name", "qtype", "min_same"), GREEDY_CASES, ids=_id)
@@ -261,3 +266,15 @@ def test_engine_serves_a_gguf_moe_with_quantized_experts(gguf_file, monkeypatch)
     for prompt, tokens in zip(MIXED_PROMPTS, outputs):
         expected, expected_logits = greedy_logits(dense, prompt, 12)
         assert _assert_same_or_near_tie(tokens, expected, [expected_logits]) >= 6
+
+
+def test_the_shared_expert_runs_quantized(gguf_file) -> None:
+    """Qwen2-MoE's shared expert (llama.cpp's `ffn_*_shexp`) is two linear layers like any
+    other: kept quantized, never dequantized; its gate, a vector, stays float."""
+    path = gguf_file("qwen2moe", Q4_0)
+    model = _load(path, "auto")
+    for layer in model.model.layers:
+        shared = layer.mlp.shared_expert
+        assert isinstance(shared.gate_up_proj, Int4Linear)
+        assert isinstance(shared.down_proj, Int4Linear)
+        assert layer.mlp.shared_expert_gate.weight.shape == (1, model.config.hidden_size)

@@ -3,8 +3,10 @@ Qwen2-MoE (routed and shared experts)."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
+
+from torch import Tensor
 
 from superinfer.model.config import ModelConfig, gguf_common, hf_common
 from superinfer.model.registry import Architecture, register
@@ -65,12 +67,28 @@ def qwen_gguf_config(
 ) -> ModelConfig:
     arch = metadata["general.architecture"]
     names_by_arch = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                     "qwen3moe": "Qwen3MoeForCausalLM"}  # fmt: skip
-    return ModelConfig(
-        **gguf_common(metadata, names, factors),
-        qk_norm=arch != "qwen2",
-        architecture=names_by_arch[arch],
-    )
+                     "qwen3moe": "Qwen3MoeForCausalLM",
+                     "qwen2moe": "Qwen2MoeForCausalLM"}  # fmt: skip
+    fields = gguf_common(metadata, names, factors)
+    if arch == "qwen2moe":  # llama.cpp's graph: every layer routed, top-k weights as they are
+        shared = metadata.get("qwen2moe.expert_shared_feed_forward_length")
+        shared = shared or fields["intermediate_size"]
+        fields.update(norm_topk_prob=False, shared_expert_intermediate_size=shared)
+    return ModelConfig(**fields, qk_norm=arch.startswith("qwen3"), architecture=names_by_arch[arch])
+
+
+def qwen2_moe_weights(weights: Iterator[tuple[str, Tensor]], _config: ModelConfig):
+    """llama.cpp stores the shared expert's gate (1, hidden) as a vector: a row again."""
+    for name, tensor in weights:
+        is_vector = tensor.ndim == 1 and name.endswith("shared_expert_gate.weight")
+        yield name, tensor[None] if is_vector else tensor
+
+
+# llama.cpp's names of Qwen2-MoE's shared expert
+QWEN2_MOE_GGUF_NAMES = {"ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+                        "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+                        "ffn_up_shexp": "mlp.shared_expert.up_proj",
+                        "ffn_down_shexp": "mlp.shared_expert.down_proj"}  # fmt: skip
 
 
 register(Architecture(
@@ -100,10 +118,14 @@ register(Architecture(
 ))  # fmt: skip
 register(Architecture(
     name="Qwen2MoeForCausalLM", family="qwen", model_types=("qwen2_moe",),
-    hf_config=qwen2_moe_config,
+    hf_config=qwen2_moe_config, hf_weights=qwen2_moe_weights,
+    gguf_arch="qwen2moe", gguf_config=qwen_gguf_config,
+    gguf_tensor_names=QWEN2_MOE_GGUF_NAMES,
     features="q/k/v bias; top-k routed experts (softmax, optional renormalisation) and a "
              "shared expert gated by a sigmoid; dense MLP on `mlp_only_layers`",
-    tested="greedy parity with transformers",
+    tested="greedy parity with transformers; GGUF round trip (llama.cpp's layout, checked "
+    "against llama.cpp); Q4_0/Q4_1/Q8_0 quantized experts and shared expert against the "
+    "dequantized file",
 ))  # fmt: skip
 for _name in ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration"):
     register(Architecture(
