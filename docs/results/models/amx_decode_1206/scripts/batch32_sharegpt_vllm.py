@@ -1,8 +1,9 @@
+# see ../README.md; BATCHES (default /tmp/batches.json): the batches dump_batches.py writes
 import os, sys, time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 def main():
     import json
-    reqs = json.load(open("/tmp/prof/batches.json"))
+    reqs = json.load(open(os.environ.get("BATCHES", "/tmp/batches.json")))
     batches = [reqs[i:i+32] for i in range(0, 96, 32)]
     from vllm import LLM, SamplingParams
     llm = LLM("/work/models/smollm2-135m-instruct-hf", dtype="bfloat16", max_model_len=2048, kv_cache_memory_bytes=400 * 2**20, seed=0, enable_prefix_caching=False)

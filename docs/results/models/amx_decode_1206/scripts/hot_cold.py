@@ -1,3 +1,4 @@
+# see ../README.md; BATCHES (default /tmp/batches.json): the batches dump_batches.py writes
 import sys, time, statistics, torch
 sys.argv = ["x"]
 from superinfer.model.cpu_attention import decode_kernel
