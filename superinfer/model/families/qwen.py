@@ -4,13 +4,14 @@ Qwen2-MoE (routed and shared experts)."""
 from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Mapping, Sequence
-from typing import Any
-
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from superinfer.model.config import ModelConfig, gguf_common, hf_common
 from superinfer.model.registry import Architecture, register
 from superinfer.model.vision_language import vl_text_weights
+
+if TYPE_CHECKING:  # the registry is read without torch (the simulator's profiles)
+    from torch import Tensor
 
 
 def qwen2_config(cfg: Mapping[str, Any]) -> ModelConfig:
