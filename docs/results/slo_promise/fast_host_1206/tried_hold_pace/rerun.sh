@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# the admission-on arm again at the working tree (b7b508d + hold_pace.diff); refusal cost against the sweep's replays
+# the admission-on arm again at the working tree (e118deb + hold_pace.diff); refusal cost against the sweep's replays
 set -euo pipefail
 cd /work/main
 OUT=/tmp/k14  # the raw results are not committed; summary.json keeps each run's numbers
