@@ -43,6 +43,7 @@ from superinfer.slo.estimate import (
     FirstTokenEstimate,
     TokenRate,
     TpotEstimate,
+    kv_holds,
 )
 
 logger = logging.getLogger(__name__)
@@ -153,6 +154,8 @@ class Admission:
             self.offered.rates(load.now), demand.promised_tbt_s, demand.ttft_deadline,
         )  # fmt: skip
         if num_committed > num_capacity:
+            if logger.isEnabledFor(logging.DEBUG):
+                logger.debug("KV check of a %s request: %s", demand.slo_class, kv_parts(load))
             raise APIError(
                 425,
                 f"the KV cache is committed: the admitted requests and this one would hold "
@@ -226,6 +229,26 @@ class Admission:
                 "queue_full",
                 headers={"Retry-After": str(retry_after_s(load))},
             )
+
+
+def kv_parts(load: Load) -> str:
+    """What the KV check counted, by part, for the debug log: blocks the decoding requests
+    hold now and will at their final sizes, by class; how many of them a kept promise
+    frees within 5 s; the queued prompts; the tiers."""
+    bs = max(1, load.block_size)
+    now: dict[str | None, int] = {}
+    final: dict[str | None, int] = {}
+    holds = kv_holds(load, ())
+    for d in load.decoding:
+        num_held = d.num_final_tokens - d.num_remaining
+        now[d.slo_class] = now.get(d.slo_class, 0) + -(-num_held // bs)
+        final[d.slo_class] = final.get(d.slo_class, 0) + -(-d.num_final_tokens // bs)
+    num_soon = sum(1 for h in holds if h.finish_s <= 5.0)
+    num_queued = sum(-(-q.num_tokens // bs) for q in load.queued)
+    return (f"decoding {len(load.decoding)} hold {now} now, {final} when done, {num_soon} "
+            f"freed within 5 s; {load.num_queued} queued hold {num_queued}; device "
+            f"{load.num_device_blocks} ({load.num_free_device_blocks} free), host "
+            f"{load.num_host_blocks} ({load.num_free_host_blocks} free)")  # fmt: skip
 
 
 def estimated_ttft_ms(demand: Demand, expected_ttft_s: float) -> float:

@@ -238,3 +238,22 @@ def test_kv_the_admitted_requests_hold_when_done_beyond_both_tiers_is_425():
         check(full, prompt=60, max_tokens=37, ttft_ms=5000, slo_class="silver", gate=gate)
     with pytest.raises(APIError):  # 7 blocks: 77, past 85 less gold's and silver's 10% each
         check(full, prompt=60, max_tokens=37, ttft_ms=5000, slo_class="bronze", gate=gate)
+
+
+def test_a_kv_refusal_logs_what_the_check_counted(caplog):
+    """At debug level a KV refusal names its parts: what the decoding requests hold now and
+    when done, by class, how many a kept promise frees soon, the queue and the tiers."""
+    full = Load(step_time_s=0.05, prefill_s_per_token=0.002, block_size=16, num_device_blocks=40,
+                num_free_device_blocks=33, now=0.0, decoding=(
+                    Decoding(1.0, 99, 90, 0.0, slo_class="bronze", num_final_tokens=140),
+                    Decoding(0.1, 9, 5, 0.0, slo_class="gold", num_final_tokens=40),
+                ))  # fmt: skip
+    caplog.set_level("DEBUG", logger="superinfer.server.admission")
+    with pytest.raises(APIError) as info:  # 12 blocks held when done, 32 more: past 40
+        check(full, prompt=100, max_tokens=400, ttft_ms=5000, slo_class="gold")
+    assert info.value.reason == "kv_infeasible"
+    (line,) = [r.getMessage() for r in caplog.records if "KV check" in r.getMessage()]
+    # bronze: 50 tokens now (4 blocks), 140 when done (9); gold: 35 (3), 40 (3); the gold
+    # request's promise ends within 5 s (its last token by 0.9 s), bronze's does not
+    assert "decoding 2 hold {'bronze': 4, 'gold': 3} now, {'bronze': 9, 'gold': 3} when" in line
+    assert "1 freed within 5 s" in line and "device 40 (33 free)" in line

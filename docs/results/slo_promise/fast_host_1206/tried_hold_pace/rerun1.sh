@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# see ../README.md: the admission-on arm of the class mix at 4 req/s again; raw results under /tmp/k14 are not committed
 set -euo pipefail
 cd /work/main
 export HF_HUB_OFFLINE=1
