@@ -235,16 +235,17 @@ def kv_parts(load: Load) -> str:
     """What the KV check counted, by part, for the debug log: blocks the decoding requests
     hold now and will at their final sizes, by class; how many of them a kept promise
     frees within 5 s; the queued prompts; the tiers."""
-    bs = max(1, load.block_size)
+
+    def blocks(num_tokens: int) -> int:
+        return math.ceil(num_tokens / max(1, load.block_size))
+
     now: dict[str | None, int] = {}
     final: dict[str | None, int] = {}
-    holds = kv_holds(load, ())
     for d in load.decoding:
-        num_held = d.num_final_tokens - d.num_remaining
-        now[d.slo_class] = now.get(d.slo_class, 0) + -(-num_held // bs)
-        final[d.slo_class] = final.get(d.slo_class, 0) + -(-d.num_final_tokens // bs)
-    num_soon = sum(1 for h in holds if h.finish_s <= 5.0)
-    num_queued = sum(-(-q.num_tokens // bs) for q in load.queued)
+        now[d.slo_class] = now.get(d.slo_class, 0) + blocks(d.num_final_tokens - d.num_remaining)
+        final[d.slo_class] = final.get(d.slo_class, 0) + blocks(d.num_final_tokens)
+    num_soon = sum(1 for h in kv_holds(load, ()) if h.finish_s <= 5.0)
+    num_queued = sum(blocks(q.num_tokens) for q in load.queued)
     return (f"decoding {len(load.decoding)} hold {now} now, {final} when done, {num_soon} "
             f"freed within 5 s; {load.num_queued} queued hold {num_queued}; device "
             f"{load.num_device_blocks} ({load.num_free_device_blocks} free), host "
