@@ -45,6 +45,7 @@ from superinfer.slo.estimate import (
     TpotEstimate,
     kv_holds,
 )
+from superinfer.slo.hold_pace import HoldPace
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +74,7 @@ class Admission:
     max_num_queued_tokens: int
     class_order: tuple[str, ...] = ()
     correction: Correction = field(default_factory=Correction)
+    hold_pace: HoldPace = field(default_factory=HoldPace)  # the KV check's learned paces
 
     def __post_init__(self) -> None:
         self.estimator = Estimator(self.class_order)
@@ -100,6 +102,11 @@ class Admission:
         """An admitted request's first token came `measured_s` after admission; its raw
         estimate was `raw_estimate_s`."""
         self.correction.observe(slo_class, raw_estimate_s, measured_s)
+
+    def observe_finished(self, slo_class: str | None, tbt_s: float, mean_gap_s: float) -> None:
+        """A request finished with a mean gap of `mean_gap_s` between its tokens, against its
+        TBT target `tbt_s`: the KV check's paces learn from it."""
+        self.hold_pace.observe(slo_class, tbt_s, mean_gap_s)
 
     # --- checks ---------------------------------------------------------------------------
     def check(
@@ -152,6 +159,7 @@ class Admission:
         num_committed, num_capacity = self.estimator.kv_commitment(
             load, demand.num_prompt_tokens, demand.max_tokens, demand.slo_class,
             self.offered.rates(load.now), demand.promised_tbt_s, demand.ttft_deadline,
+            self.hold_pace,
         )  # fmt: skip
         if num_committed > num_capacity:
             if logger.isEnabledFor(logging.DEBUG):
