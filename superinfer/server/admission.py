@@ -163,7 +163,8 @@ class Admission:
         )  # fmt: skip
         if num_committed > num_capacity:
             if logger.isEnabledFor(logging.DEBUG):
-                logger.debug("KV check of a %s request: %s", demand.slo_class, kv_parts(load))
+                logger.debug("KV check of a %s request: %s", demand.slo_class,
+                             kv_parts(load, self.hold_pace))  # fmt: skip
             raise APIError(
                 425,
                 f"the KV cache is committed: the admitted requests and this one would hold "
@@ -239,10 +240,11 @@ class Admission:
             )
 
 
-def kv_parts(load: Load) -> str:
+def kv_parts(load: Load, hold_pace: HoldPace | None = None) -> str:
     """What the KV check counted, by part, for the debug log: blocks the decoding requests
-    hold now and will at their final sizes, by class; how many of them a kept promise
-    frees within 5 s; the queued prompts; the tiers."""
+    hold now and will at their final sizes, by class; how many of them are freed within
+    5 s at their classes' paces (`hold_pace`); the queued prompts; the tiers; the paces
+    learned (a class's (fast, slow) share of its TBT target)."""
 
     def blocks(num_tokens: int) -> int:
         return math.ceil(num_tokens / max(1, load.block_size))
@@ -252,12 +254,14 @@ def kv_parts(load: Load) -> str:
     for d in load.decoding:
         now[d.slo_class] = now.get(d.slo_class, 0) + blocks(d.num_final_tokens - d.num_remaining)
         final[d.slo_class] = final.get(d.slo_class, 0) + blocks(d.num_final_tokens)
-    num_soon = sum(1 for h in kv_holds(load, ()) if h.finish_s <= 5.0)
+    num_soon = sum(1 for h in kv_holds(load, (), hold_pace) if h.finish_s <= 5.0)
+    bands = {name: f"{fast:.3f}-{slow:.3f}"
+             for name, (fast, slow) in (hold_pace.bands() if hold_pace else {}).items()}  # fmt: skip
     num_queued = sum(blocks(q.num_tokens) for q in load.queued)
     return (f"decoding {len(load.decoding)} hold {now} now, {final} when done, {num_soon} "
             f"freed within 5 s; {load.num_queued} queued hold {num_queued}; device "
             f"{load.num_device_blocks} ({load.num_free_device_blocks} free), host "
-            f"{load.num_host_blocks} ({load.num_free_host_blocks} free)")  # fmt: skip
+            f"{load.num_host_blocks} ({load.num_free_host_blocks} free); paces {bands}")  # fmt: skip
 
 
 def estimated_ttft_ms(demand: Demand, expected_ttft_s: float) -> float:

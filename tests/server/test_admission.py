@@ -278,3 +278,4 @@ def test_a_kv_refusal_logs_what_the_check_counted(caplog):
     # request's promise ends within 5 s (its last token by 0.9 s), bronze's does not
     assert "decoding 2 hold {'bronze': 4, 'gold': 3} now, {'bronze': 9, 'gold': 3} when" in line
     assert "1 freed within 5 s" in line and "device 40 (33 free)" in line
+    assert line.endswith("paces {}")  # no class has finished enough requests yet
