@@ -45,7 +45,6 @@ from superinfer.slo.estimate import (
     TpotEstimate,
     kv_holds,
 )
-from superinfer.slo.hold_pace import HoldPace
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +73,6 @@ class Admission:
     max_num_queued_tokens: int
     class_order: tuple[str, ...] = ()
     correction: Correction = field(default_factory=Correction)
-    hold_pace: HoldPace = field(default_factory=HoldPace)  # the KV check's learned paces
 
     def __post_init__(self) -> None:
         self.estimator = Estimator(self.class_order)
@@ -102,11 +100,6 @@ class Admission:
         """An admitted request's first token came `measured_s` after admission; its raw
         estimate was `raw_estimate_s`."""
         self.correction.observe(slo_class, raw_estimate_s, measured_s)
-
-    def observe_finished(self, slo_class: str | None, tbt_s: float, mean_gap_s: float) -> None:
-        """A request finished with a mean gap of `mean_gap_s` between its tokens, against its
-        TBT target `tbt_s`: the KV check's paces learn from it."""
-        self.hold_pace.observe(slo_class, tbt_s, mean_gap_s)
 
     # --- checks ---------------------------------------------------------------------------
     def check(
@@ -159,12 +152,10 @@ class Admission:
         num_committed, num_capacity = self.estimator.kv_commitment(
             load, demand.num_prompt_tokens, demand.max_tokens, demand.slo_class,
             self.offered.rates(load.now), demand.promised_tbt_s, demand.ttft_deadline,
-            self.hold_pace,
         )  # fmt: skip
         if num_committed > num_capacity:
             if logger.isEnabledFor(logging.DEBUG):
-                logger.debug("KV check of a %s request: %s", demand.slo_class,
-                             kv_parts(load, self.hold_pace))  # fmt: skip
+                logger.debug("KV check of a %s request: %s", demand.slo_class, kv_parts(load))
             raise APIError(
                 425,
                 f"the KV cache is committed: the admitted requests and this one would hold "
@@ -240,11 +231,10 @@ class Admission:
             )
 
 
-def kv_parts(load: Load, hold_pace: HoldPace | None = None) -> str:
+def kv_parts(load: Load) -> str:
     """What the KV check counted, by part, for the debug log: blocks the decoding requests
-    hold now and will at their final sizes, by class; how many of them are freed within
-    5 s at their classes' paces (`hold_pace`); the queued prompts; the tiers; the paces
-    learned (a class's (fast, slow) share of its TBT target)."""
+    hold now and will at their final sizes, by class; how many of them a kept promise
+    frees within 5 s; the queued prompts; the tiers."""
 
     def blocks(num_tokens: int) -> int:
         return math.ceil(num_tokens / max(1, load.block_size))
@@ -254,14 +244,12 @@ def kv_parts(load: Load, hold_pace: HoldPace | None = None) -> str:
     for d in load.decoding:
         now[d.slo_class] = now.get(d.slo_class, 0) + blocks(d.num_final_tokens - d.num_remaining)
         final[d.slo_class] = final.get(d.slo_class, 0) + blocks(d.num_final_tokens)
-    num_soon = sum(1 for h in kv_holds(load, (), hold_pace) if h.finish_s <= 5.0)
-    bands = {name: f"{fast:.3f}-{slow:.3f}"
-             for name, (fast, slow) in (hold_pace.bands() if hold_pace else {}).items()}  # fmt: skip
+    num_soon = sum(1 for h in kv_holds(load, ()) if h.finish_s <= 5.0)
     num_queued = sum(blocks(q.num_tokens) for q in load.queued)
     return (f"decoding {len(load.decoding)} hold {now} now, {final} when done, {num_soon} "
             f"freed within 5 s; {load.num_queued} queued hold {num_queued}; device "
             f"{load.num_device_blocks} ({load.num_free_device_blocks} free), host "
-            f"{load.num_host_blocks} ({load.num_free_host_blocks} free); paces {bands}")  # fmt: skip
+            f"{load.num_host_blocks} ({load.num_free_host_blocks} free)")  # fmt: skip
 
 
 def estimated_ttft_ms(demand: Demand, expected_ttft_s: float) -> float:

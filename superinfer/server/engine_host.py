@@ -259,16 +259,12 @@ class EngineHost:
                               finish_reason, gaps)  # fmt: skip
 
     def _learn(self, inflight: Inflight, record: RequestRecord) -> None:
-        """Teach admission how this request's first token compared with its estimate, and
-        how fast its tokens came against its TBT target."""
-        times, slo_class = record.token_times, record.targets.slo_class
-        if record.outcome == FINISHED and len(times) >= 2:
-            mean_gap_s = (times[-1] - times[0]) / (len(times) - 1)
-            self.admission.observe_finished(slo_class, record.targets.tbt_s, mean_gap_s)
-        if inflight.estimate is None or not times:
+        """Teach admission how this request's first token compared with its estimate."""
+        first_token_time = record.token_times[0] if record.token_times else None
+        if inflight.estimate is None or first_token_time is None:
             return
-        measured_s = times[0] - inflight.admitted_at
-        self.admission.observe(slo_class, inflight.estimate.raw_s, measured_s)
+        measured_s = first_token_time - inflight.admitted_at
+        self.admission.observe(record.targets.slo_class, inflight.estimate.raw_s, measured_s)
 
 
 def _record_of(

@@ -65,8 +65,7 @@ class SimAdmission:
         self.release_blocks_per_s = 0.0
         self.host_drain = DrainRate(_RELEASE_WINDOW_S)
         self.host_drain_blocks_per_s = 0.0
-        # admitted requests until they finish: the raw estimate until their first token
-        self._estimates: dict[str, tuple[Request, float | None]] = {}
+        self._estimates: dict[str, tuple[Request, float]] = {}  # no first token yet: raw s
         self.reasons: dict[str, str] = {}  # refused request id -> the refusal's reason
 
     def admit(self, now: float, request: Request, scheduler: Scheduler,
@@ -146,15 +145,10 @@ class SimAdmission:
             num_pinned_host_blocks(kv.host.num_blocks, kv.host.num_free_blocks, num_reclaimable),
         )
         for request_id, (request, raw_s) in list(self._estimates.items()):
-            first, slo_class = request.first_token_time, request.slo.slo_class
-            if first is not None and raw_s is not None:  # learned once; its pace when done
-                self.admission.observe(slo_class, raw_s, first - request.arrival_time)
-                self._estimates[request_id] = (request, None)
-            if request.is_finished:
-                times = request.output_token_times
-                if len(times) >= 2:
-                    mean_gap_s = (times[-1] - times[0]) / (len(times) - 1)
-                    self.admission.observe_finished(slo_class, request.slo.tbt_s, mean_gap_s)
+            first = request.first_token_time
+            if first is not None:
+                self.admission.observe(request.slo.slo_class, raw_s, first - request.arrival_time)
+            if first is not None or request.is_finished:
                 del self._estimates[request_id]
 
 

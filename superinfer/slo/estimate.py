@@ -66,7 +66,6 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from superinfer.core.step_time import BatchShape
-from superinfer.slo.hold_pace import HoldPace
 from superinfer.slo.kv_peak import KvHold, peak_kv_blocks, promised_finish_s
 
 # No device-memory release seen recently while memory is short: the wait is unknown, and
@@ -334,23 +333,22 @@ class Estimator:
         classes_offered: Collection[str | None] = (),
         tbt_s: float = 0.0,
         ttft_deadline: float = math.inf,
-        hold_pace: HoldPace | None = None,
     ) -> tuple[int, int]:
         """(KV blocks the admitted requests, every class, and this one, with TBT target
         `tbt_s` and first token due at `ttft_deadline`, hold at once at most if every
-        promise is kept, each projected at its class's pace (`kv_peak.py`, `hold_pace.py`);
-        the blocks this request's class may commit: the device pool, and
-        `HOST_COMMIT_SHARE` of the host tier up to the policy's guard when the policy
-        rotates (the rest is room to rotate in, which only the most important class asking
-        may commit, when lower classes are asking too), less `KV_HEADROOM_PER_CLASS` for
-        each class above it among `classes_offered`, those arriving lately). Past the
-        whole, some admitted request would have to be dropped and recomputed to make room: a
+        promise is kept (`kv_peak.py`); the blocks this request's class may commit: the
+        device pool, and `HOST_COMMIT_SHARE` of the host tier up to the policy's guard when
+        the policy rotates (the rest is room to rotate in, which only the most important
+        class asking may commit, when lower classes are asking too), less
+        `KV_HEADROOM_PER_CLASS` for each class above it among `classes_offered`, those
+        arriving lately). Past the whole,
+        some admitted request would have to be dropped and recomputed to make room: a
         promise broken. The headroom keeps room for the classes above that are asking for
         it: under overload bronze is refused before gold is."""
         new = Queued(ttft_deadline, num_prompt_tokens, slo_class,
                      num_prompt_tokens + max(1, max_tokens), tbt_s)  # fmt: skip
-        holds = kv_holds(load, (*load.queued, new), hold_pace)
-        num_committed = peak_kv_blocks(holds, load.block_size)
+        num_committed = peak_kv_blocks(kv_holds(load, (*load.queued, new)), load.decode_only_step_s,
+                                       load.block_size)  # fmt: skip
         rank = self.rank(slo_class)
         num_above = sum(1 for name in set(classes_offered) if self.rank(name) < rank)
         # the most important class asking, with lower ones asking too, may commit the
@@ -388,36 +386,26 @@ class Estimator:
         return num_at_or_above, num_below
 
 
-def kv_holds(
-    load: EngineLoad, queued: Sequence[Queued], hold_pace: HoldPace | None = None
-) -> list[KvHold]:
+def kv_holds(load: EngineLoad, queued: Sequence[Queued]) -> list[KvHold]:
     """The KV of `load`'s decoding requests and of `queued` over the time ahead: what each
-    holds now (a queued one, its prompt), its final size, how fast it grows and when its
-    last token frees it, at its class's pace (`hold_pace`; absent: the widest band a kept
-    promise allows). A request past that is freed no sooner than its remaining tokens take
-    at its growth pace."""
-    step_s, hold_pace = load.decode_only_step_s, hold_pace or _WIDEST
+    holds now (a queued one, its prompt), its final size, and when its kept promise frees
+    it (a request past its promise is freed no sooner than a step per remaining token)."""
+    step_s = load.decode_only_step_s
     holds = []
     for d in load.decoding:
-        pace = hold_pace.pace(d.slo_class, d.tbt_s, step_s)
         if d.first_token_time is None:  # still prefilling: its prompt's rest, then a step
             start_s = d.num_prefill_tokens * load.prefill_s_per_token + step_s
         else:
             start_s = d.first_token_time - load.now
-        finish_s = promised_finish_s(start_s, d.num_gaps + 1, pace.release_s_per_token)
+        finish_s = promised_finish_s(start_s, d.num_gaps + 1, d.tbt_s)
         holds.append(KvHold(d.num_final_tokens - d.num_remaining, d.num_final_tokens,
-                            max(finish_s, d.num_remaining * pace.grow_s_per_token),
-                            pace.grow_s_per_token))  # fmt: skip
+                            max(finish_s, d.num_remaining * step_s)))  # fmt: skip
     for q in queued:
-        pace = hold_pace.pace(q.slo_class, q.tbt_s, step_s)
         num_final = q.num_final_tokens or q.num_tokens
         finish_s = promised_finish_s(max(0.0, q.deadline - load.now), num_final - q.num_tokens,
-                                     pace.release_s_per_token)  # fmt: skip
-        holds.append(KvHold(q.num_tokens, num_final, finish_s, pace.grow_s_per_token))
+                                     q.tbt_s)  # fmt: skip
+        holds.append(KvHold(q.num_tokens, num_final, finish_s))
     return holds
-
-
-_WIDEST = HoldPace()  # learns nothing: every class at the widest band
 
 
 def _blocks(num_tokens: int, block_size: int) -> int:

@@ -11,12 +11,10 @@ then its mean gap within its TBT target, so its last token by
 
     first token (or its TTFT deadline, while queued) + (outputs - 1) x TBT target
 
-and it grows by at most a token a step until then. Projected both ways at once (fastest
-growth, slowest release), every request is at its final size before any is freed, which
-no scheduler does: `hold_pace.py` narrows each class to the paces its finished requests
-ran at, and each hold here carries its own growth pace and release. The peak of the sum
-over that time is what the tiers must hold; a request with no TBT target, or with no TTFT
-deadline while queued, has no such bound and is counted at its final size throughout.
+Until then it grows by at most a token per step (the fastest step: one without prompt
+tokens). The peak of the sum over that time is what the tiers must hold; a request with
+no TBT target, or with no TTFT deadline while queued, has no such bound and is counted at
+its final size throughout.
 """
 
 from __future__ import annotations
@@ -29,13 +27,12 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class KvHold:
     """One admitted request's KV over the time ahead: `num_tokens` held from now, growing
-    a token every `s_per_token` seconds (0: at once) up to `num_final_tokens`, all freed
-    `finish_s` seconds from now (inf: no bound)."""
+    a token a step up to `num_final_tokens`, all freed `finish_s` seconds from now (inf:
+    no bound)."""
 
     num_tokens: int
     num_final_tokens: int
     finish_s: float = math.inf
-    s_per_token: float = 0.0
 
 
 def promised_finish_s(start_s: float, num_outputs_left: int, tbt_s: float) -> float:
@@ -46,93 +43,57 @@ def promised_finish_s(start_s: float, num_outputs_left: int, tbt_s: float) -> fl
     return start_s + max(0, num_outputs_left - 1) * tbt_s
 
 
-def peak_kv_blocks(holds: Sequence[KvHold], block_size: int) -> int:
+def peak_kv_blocks(holds: Sequence[KvHold], step_s: float, block_size: int) -> int:
     """The most blocks of `block_size` tokens `holds` occupy at once from now on, each
-    growing a token every `s_per_token` until it is freed.
+    growing a token every `step_s` (0: at once to its final size) until it is freed.
 
     Between two releases the demand only grows, so the peak is just before one of them (or
-    at the end, for holds without a bound). One pass over those times, earliest first.
-    Holds are grouped by pace (a class's requests share one, so the groups are few); in a
-    group a hold is "capped" once it has grown to its final size and "growing" before, and
-    the growing ones are summed in `_Growing` without visiting each. A pass costs the sorts
-    and a block size's worth of counts per release and group, not a visit of every hold per
-    release (admission runs it for every request: 1,000 holds at 3 paces take about 3 ms)."""
+    at the end, for holds without a bound). One pass over those times, earliest first:
+    a hold is "capped" once it has grown to its final size and "growing" before; the
+    growing ones are summed in `_Growing` without visiting each, so a pass costs the sorts
+    and a block size's worth of counts per release, not a visit of every hold per release
+    (admission runs it for every request: 1,000 holds take about 1 ms)."""
     bs = max(1, block_size)
-    is_freed = [False] * len(holds)
-    groups: dict[float, _PaceGroup] = {}
-    for i, hold in enumerate(holds):
-        group = groups.get(hold.s_per_token)
-        if group is None:
-            group = groups[hold.s_per_token] = _PaceGroup(hold.s_per_token, bs, is_freed)
-        group.add(i, hold)
-    for group in groups.values():
-        group.sort(holds)
-    by_finish = sorted(range(len(holds)), key=lambda i: holds[i].finish_s)
-    peak = index = 0
-    while index < len(holds):
+    num_holds = len(holds)
+    by_finish = sorted(range(num_holds), key=lambda i: holds[i].finish_s)
+    by_growth_left = sorted(range(num_holds),
+                            key=lambda i: holds[i].num_final_tokens - holds[i].num_tokens)  # fmt: skip
+    growing = _Growing(bs)
+    for hold in holds:
+        growing.add(hold.num_tokens, +1)
+    is_capped = [False] * num_holds  # grown to its final size
+    is_freed = [False] * num_holds
+    num_capped_blocks = num_next_capped = peak = index = 0
+    while index < num_holds:
         finish_s = holds[by_finish[index]].finish_s
-        num_blocks = 0
-        for group in groups.values():
-            num_blocks += group.num_blocks_before(finish_s, holds)
-        peak = max(peak, num_blocks)
-        while index < len(holds) and holds[i := by_finish[index]].finish_s == finish_s:
-            is_freed[i] = True
-            groups[holds[i].s_per_token].free(i, holds[i])
+        growth = _tokens_grown(finish_s, step_s)
+        while num_next_capped < num_holds:
+            hold = holds[i := by_growth_left[num_next_capped]]
+            if hold.num_final_tokens - hold.num_tokens > growth:
+                break
+            num_next_capped += 1
+            if not is_freed[i]:
+                growing.add(hold.num_tokens, -1)
+                num_capped_blocks += _num_blocks(hold.num_final_tokens, bs)
+                is_capped[i] = True
+        peak = max(peak, num_capped_blocks + growing.num_blocks(growth))
+        while index < num_holds and holds[by_finish[index]].finish_s == finish_s:
+            hold = holds[i := by_finish[index]]
             index += 1
+            is_freed[i] = True
+            if is_capped[i]:
+                num_capped_blocks -= _num_blocks(hold.num_final_tokens, bs)
+            else:
+                growing.add(hold.num_tokens, -1)
     return peak
 
 
-class _PaceGroup:
-    """The holds that grow at one pace, as `peak_kv_blocks` walks the releases: those
-    grown to their final size ("capped") summed in blocks, the rest in `_Growing`."""
-
-    def __init__(self, s_per_token: float, block_size: int, is_freed: list[bool]) -> None:
-        self.s_per_token = s_per_token
-        self.block_size = block_size
-        self.is_freed = is_freed  # shared by the groups, by hold index
-        self.indices: list[int] = []
-        self.growing = _Growing(block_size)
-        self.capped: set[int] = set()
-        self.num_capped_blocks = 0
-        self.num_next_capped = 0  # into `indices`, once sorted by growth left
-
-    def add(self, i: int, hold: KvHold) -> None:
-        self.indices.append(i)
-        self.growing.add(hold.num_tokens, +1)
-
-    def sort(self, holds: Sequence[KvHold]) -> None:
-        self.indices.sort(key=lambda i: holds[i].num_final_tokens - holds[i].num_tokens)
-
-    def num_blocks_before(self, finish_s: float, holds: Sequence[KvHold]) -> int:
-        """The group's blocks just before `finish_s` (releases come in time order)."""
-        growth = _tokens_grown(finish_s, self.s_per_token)
-        indices, num_next = self.indices, self.num_next_capped
-        while num_next < len(indices):
-            hold = holds[i := indices[num_next]]
-            if hold.num_final_tokens - hold.num_tokens > growth:
-                break
-            num_next += 1
-            if not self.is_freed[i]:
-                self.growing.add(hold.num_tokens, -1)
-                self.num_capped_blocks += _num_blocks(hold.num_final_tokens, self.block_size)
-                self.capped.add(i)
-        self.num_next_capped = num_next
-        return self.num_capped_blocks + self.growing.num_blocks(growth)
-
-    def free(self, i: int, hold: KvHold) -> None:
-        """`hold` (index `i`, marked freed by the caller) is freed."""
-        if i in self.capped:
-            self.num_capped_blocks -= _num_blocks(hold.num_final_tokens, self.block_size)
-        else:
-            self.growing.add(hold.num_tokens, -1)
-
-
-def _tokens_grown(finish_s: float, s_per_token: float) -> float:
-    """Tokens a request grows by just before `finish_s`: one every `s_per_token`, each
-    token's slot taken when its step starts (inf: grown to its final size)."""
-    if s_per_token <= 0 or not math.isfinite(finish_s):
+def _tokens_grown(finish_s: float, step_s: float) -> float:
+    """Tokens a request grows by just before `finish_s`: one a step, each step's slot
+    taken when the step starts (inf: grown to its final size)."""
+    if step_s <= 0 or not math.isfinite(finish_s):
         return math.inf
-    return math.ceil(max(0.0, finish_s) / s_per_token)
+    return math.ceil(max(0.0, finish_s) / step_s)
 
 
 class _Growing:

@@ -201,27 +201,6 @@ def test_kv_requests_their_promises_end_soon_make_room_for_a_new_one():
         check(unbounded, prompt=100, max_tokens=141, ttft_ms=5000, slo_class="gold")
 
 
-def test_kv_a_class_that_runs_faster_than_its_target_is_counted_at_its_learned_pace():
-    """Seven bronze requests (1 s target) with 90 of 160 tokens to come: counted at the
-    target a token they all reach their final sizes beside a new one; once bronze
-    requests have finished at 20 ms a token, they are gone (1.8 s) before the new one
-    grows, and it fits."""
-    tiers = {"step_time_s": 0.01, "prefill_s_per_token": 0.002, "block_size": 16,
-             "num_device_blocks": 40, "num_host_blocks": 100, "num_free_host_blocks": 100,
-             "host_admission_guard": 0.9, "is_preempt_by_swap": True}  # fmt: skip
-    load = Load(**tiers, decoding=tuple(
-        Decoding(1.0, 100, 90, -1.0, slo_class="bronze", num_final_tokens=160)
-        for _ in range(7)))  # fmt: skip
-    demand = Demand(100, 141, "bronze", 1.0, 0.0, None, promised_tbt_s=1.0)
-    gate = admission()
-    with pytest.raises(APIError) as info:  # 70 + 16 blocks against 40 + 45
-        gate.check(load, demand, None, True, 5000)
-    assert info.value.reason == "kv_infeasible"
-    for _ in range(16):
-        gate.observe_finished("bronze", 1.0, 0.02)
-    gate.check(load, demand, None, True, 5000)  # 70 + 12 blocks just before 1.8 s
-
-
 def test_kv_the_admitted_requests_hold_when_done_beyond_both_tiers_is_425():
     """Every admitted request, whatever its class, keeps room for its KV to the end: past
     the device pool plus the committed half of the host tier up to the guard, making room
@@ -278,4 +257,3 @@ def test_a_kv_refusal_logs_what_the_check_counted(caplog):
     # request's promise ends within 5 s (its last token by 0.9 s), bronze's does not
     assert "decoding 2 hold {'bronze': 4, 'gold': 3} now, {'bronze': 9, 'gold': 3} when" in line
     assert "1 freed within 5 s" in line and "device 40 (33 free)" in line
-    assert line.endswith("paces {}")  # no class has finished enough requests yet

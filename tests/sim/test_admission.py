@@ -40,14 +40,6 @@ def test_the_correction_learns_from_simulated_first_tokens():
     assert "all" in factors and all(0.5 <= f <= 10 for f in factors.values())
 
 
-def test_the_kv_checks_paces_learn_from_simulated_finished_requests():
-    run = run_small(overload(), admission=True)
-    bands = run.engine.admission.admission.hold_pace.bands()
-    assert "gold" in bands and set(bands) <= {"gold", "silver", "bronze"}
-    for fast, slow in bands.values():  # ratios of a mean gap to its class's TBT target
-        assert 0 < fast <= slow
-
-
 def test_an_idle_system_admits_everything():
     run = run_small(small_workload(num_requests=10, rate=0.5), admission=True)
     assert not run.rejected and all(r.is_finished for r in run.requests)

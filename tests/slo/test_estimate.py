@@ -22,7 +22,6 @@ from superinfer.slo.estimate import (
     TokenRate,
     kv_holds,
 )
-from superinfer.slo.hold_pace import HoldPace
 from tests.factories import make_request, make_scheduler
 
 ESTIMATOR = Estimator(("gold", "silver", "bronze"))
@@ -457,45 +456,6 @@ def test_kv_holds_end_each_request_when_its_kept_promise_does():
     assert finishes[:3] == pytest.approx([3.0, 2.0, 0.4 + 10 * 0.2])
     assert finishes[3] == float("inf")
     assert finishes[4] == pytest.approx(1.0 + 19 * 0.2)
-
-
-def learned(slo_class: str, tbt_s: float, mean_gap_s: float) -> HoldPace:
-    pace = HoldPace(min_samples=1)
-    pace.observe(slo_class, tbt_s, mean_gap_s)
-    return pace
-
-
-def test_kv_holds_grow_and_end_at_their_classes_learned_pace():
-    """A class whose requests took 20 ms a token against a 1 s target grows and is freed at
-    that pace; a class not learned yet keeps the widest band."""
-    load = base(now=100.0, step_time_s=0.01, decoding=(
-        Decoding(1.0, 100, 80, 99.0, slo_class="bronze", num_final_tokens=200),
-        Decoding(0.1, 100, 80, 99.0, slo_class="gold", num_final_tokens=200),
-    ))  # fmt: skip
-    queued = (Queued(101.0, 50, "bronze", num_final_tokens=150, tbt_s=1.0),)
-    widest = kv_holds(load, queued)
-    assert [h.finish_s for h in widest] == pytest.approx([-1.0 + 100, -1.0 + 10, 1.0 + 99])
-    assert {h.s_per_token for h in widest} == {0.01}
-    paced = kv_holds(load, queued, learned("bronze", 1.0, 0.02))
-    # the bronze one is behind that pace (80 of 100 tokens left after 1 s): freed when
-    # its 80 tokens have come at it
-    assert [h.finish_s for h in paced] == pytest.approx([80 * 0.02, -1.0 + 10,
-                                                         1.0 + 99 * 0.02])  # fmt: skip
-    assert [h.s_per_token for h in paced] == pytest.approx([0.02, 0.01, 0.02])
-
-
-def test_the_kv_check_counts_less_where_a_class_runs_faster_than_its_target():
-    """Counted at bronze's whole 1 s target a token, every bronze request is still there
-    when the others reach their final sizes; at the learned 20 ms the short ones are gone
-    first."""
-    decoding = tuple(Decoding(1.0, 100, 20 + 40 * i, 99.0, slo_class="bronze",
-                              num_final_tokens=400) for i in range(8))  # fmt: skip
-    load = base(now=100.0, step_time_s=0.01, decoding=decoding, num_device_blocks=1000)
-    widest, _ = ESTIMATOR.kv_commitment(load, 200, 100, "bronze", tbt_s=1.0)
-    assert widest == 8 * 25 + 19  # every final size at once, and the new request's
-    paced, _ = ESTIMATOR.kv_commitment(load, 200, 100, "bronze", tbt_s=1.0,
-                                       hold_pace=learned("bronze", 1.0, 0.02))  # fmt: skip
-    assert paced < widest
 
 
 def test_a_steps_time_at_the_learned_costs_inverts_what_it_learned():

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import replace
 
 import pytest
 
@@ -16,82 +15,57 @@ def blocks(num_tokens: float, block_size: int = 16) -> int:
     return math.ceil(num_tokens / block_size)
 
 
-def paced(holds: list[KvHold], s_per_token: float) -> list[KvHold]:
-    return [replace(h, s_per_token=s_per_token) for h in holds]
-
-
-def peak(holds: list[KvHold], step_s: float, block_size: int) -> int:
-    """The peak with every hold growing a token a step."""
-    return peak_kv_blocks(paced(holds, step_s), block_size)
-
-
-def brute_force_peak(holds: list[KvHold], block_size: int) -> int:
-    """The demand just before every release and at the end, each hold summed in full,
-    grown at its own pace (a token's slot taken when its step starts)."""
+def brute_force_peak(holds: list[KvHold], step_s: float, block_size: int) -> int:
+    """The demand just before every release and at the end, each summed in full."""
     times = {h.finish_s for h in holds} | {0.0, math.inf}
-    most = 0
+    peak = 0
     for t in times:
-        total = 0
-        for h in holds:
-            if h.finish_s < t:
-                continue
-            pace = h.s_per_token
-            growth = math.ceil(t / pace) if pace > 0 and math.isfinite(t) else math.inf
-            total += blocks(min(h.num_final_tokens, h.num_tokens + growth), block_size)
-        most = max(most, total)
-    return most
+        growth = t / step_s if step_s > 0 else math.inf
+        alive = [h for h in holds if h.finish_s >= t]
+        peak = max(peak, sum(blocks(min(h.num_final_tokens, h.num_tokens + growth), block_size)
+                             for h in alive))  # fmt: skip
+    return peak
 
 
 def test_a_request_that_finishes_frees_its_blocks_for_one_still_growing() -> None:
     nearly_done = KvHold(num_tokens=150, num_final_tokens=160, finish_s=0.5)  # 10 blocks
     long = KvHold(num_tokens=16, num_final_tokens=320, finish_s=30.0)  # 20 blocks when done
     # before 0.5 s: 155 + 21 tokens (10 + 2 blocks); before 30 s: only the long one, 20
-    assert peak([nearly_done, long], step_s=0.1, block_size=16) == 20
+    assert peak_kv_blocks([nearly_done, long], step_s=0.1, block_size=16) == 20
     assert blocks(160) + blocks(320) == 30  # what summing the final sizes counted
 
 
 def test_without_a_bound_every_request_counts_at_its_final_size() -> None:
     holds = [KvHold(10, 160), KvHold(100, 320), KvHold(0, 33)]
-    assert peak(holds, step_s=0.1, block_size=16) == 10 + 20 + 3
+    assert peak_kv_blocks(holds, step_s=0.1, block_size=16) == 10 + 20 + 3
     # no step time known: every request at its final size at once, whatever its bound
     bounded = [KvHold(10, 160, 1.0), KvHold(100, 320, 2.0), KvHold(0, 33, 0.5)]
-    assert peak(bounded, step_s=0.0, block_size=16) == 10 + 20 + 3
+    assert peak_kv_blocks(bounded, step_s=0.0, block_size=16) == 10 + 20 + 3
 
 
 def test_a_request_grows_a_token_a_step_until_it_is_freed() -> None:
     # 100 tokens now, freed in 1 s: 10 steps of 0.1 s, 110 tokens at most (7 blocks), not
     # its final 400 (25 blocks)
-    assert peak([KvHold(100, 400, 1.0)], step_s=0.1, block_size=16) == 7
-    assert peak([KvHold(100, 400, 1.0)], step_s=0.01, block_size=16) == 13  # 200
+    assert peak_kv_blocks([KvHold(100, 400, 1.0)], step_s=0.1, block_size=16) == 7
+    assert peak_kv_blocks([KvHold(100, 400, 1.0)], step_s=0.01, block_size=16) == 13  # 200
 
 
 def test_the_peak_is_the_brute_force_peak_on_random_admitted_sets() -> None:
     """The one-pass sum equals summing every alive hold at every release, for equal
-    finish times, holds already at their final size, residues of every block size, and
-    holds growing at a few different paces."""
+    finish times, holds already at their final size, residues of every block size."""
     rng = random.Random(0)
-    for _ in range(400):
-        paces = rng.sample([0.0, 0.05, 0.2, 0.1, 0.013], rng.randint(1, 3))
+    for _ in range(300):
         holds = []
         for _ in range(rng.randint(1, 25)):
             num_tokens = rng.randint(0, 600)
             finish = rng.choice([math.inf, round(rng.uniform(0, 20), 1), 5.0])  # ties
-            holds.append(KvHold(num_tokens, num_tokens + rng.randint(1, 500), finish,
-                                rng.choice(paces)))  # fmt: skip
+            holds.append(KvHold(num_tokens, num_tokens + rng.randint(1, 500), finish))
         holds += holds[: rng.randint(0, 2)]  # the same hold twice counts twice
+        step_s = rng.choice([0.0, 0.05, 0.2, 0.1])
         block_size = rng.choice([1, 7, 16, 32])
-        assert peak_kv_blocks(holds, block_size) == brute_force_peak(holds, block_size)
-
-
-def test_a_slow_class_is_small_while_a_fast_one_finishes() -> None:
-    """Counted at its own pace, a request that grows a token a second holds few blocks
-    when a fast one finishes; counted a token a step both are near their final sizes."""
-    fast = KvHold(num_tokens=16, num_final_tokens=320, finish_s=3.2, s_per_token=0.01)
-    slow = KvHold(num_tokens=16, num_final_tokens=320, finish_s=304.0, s_per_token=1.0)
-    # before 3.2 s: fast at 320 tokens (20 blocks), slow at 16 + 4 (2 blocks); then slow
-    # alone, at its final 20
-    assert peak_kv_blocks([fast, slow], block_size=16) == 22
-    assert peak_kv_blocks(paced([fast, slow], 0.01), block_size=16) == 40
+        assert peak_kv_blocks(holds, step_s, block_size) == brute_force_peak(
+            holds, step_s, block_size
+        )
 
 
 def test_a_kept_promise_ends_by_the_first_token_plus_a_target_gap_per_later_token() -> None:
