@@ -69,6 +69,24 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it(rows_on) -> None:
     assert torch.equal(weights(x[9:30]), together[9:30])
 
 
+def test_rows_past_a_block_run_in_blocks_with_the_same_results(rows_on) -> None:
+    """The GEMM runs 1 MB of x's rows at a time (32 rows of 16,384 inputs): 70 rows are
+    blocks of 32, 32 and 6, each row's result its own and the float matmul's."""
+    num_out, num_in = 48, 16384
+    nibbles, scales, zeros = random_q4(num_out, num_in, seed=7)
+    dense = Int4Linear(nibbles, scales, zeros, num_in).dequantized(
+        nibbles, scales, zeros, torch.bfloat16
+    )
+    weights = q4_kernel().pack(nibbles, scales, zeros, torch.randn(num_out))
+    x = torch.randn(70, num_in, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(7))
+    together = weights(x)
+    for i in (0, 31, 32, 63, 64, 69):
+        assert torch.equal(weights(x[i : i + 1]), together[i : i + 1])
+    assert torch.equal(weights(x[30:40]), together[30:40])
+    reference = x.double() @ dense.double().t() + weights.bias.double()
+    torch.testing.assert_close(together.double(), reference, rtol=2**-8, atol=1e-3)
+
+
 @pytest.mark.parametrize("num_out", [40, 64, 80])  # 40, 80: a last strip of 16 columns alone
 def test_q8_0_weights_on_the_gemm(num_out, rows_on) -> None:
     """The GEMM over the GEMV's 8-bit layout: each weight d q rounded once (the GEMV's
