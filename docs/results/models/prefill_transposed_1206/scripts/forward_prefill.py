@@ -1,6 +1,8 @@
 # Whole prefill forwards of the bf16 export (the issue-14 server model), medians of 7:
 #   PYTHONPATH=TREE HF_HUB_OFFLINE=1 .venv/bin/python -P forward_prefill.py [MODEL_DIR]
+# (SIZES=512,1024,2048 in the environment: other prompt lengths, at most 2,048)
 # MODEL_DIR "default": the default model as the server loads it (the Q4_1 GGUF, quantized).
+import os
 import statistics
 import sys
 import time
@@ -31,7 +33,7 @@ def fwd(nq, nc=0):
 
 
 with torch.inference_mode():
-    for nq in (256, 512, 1024):
+    for nq in map(int, os.environ.get("SIZES", "256,512,1024").split(",")):
         fwd(nq)
         ts = [fwd(nq) for _ in range(7)]
         m = statistics.median(ts) * 1e3
