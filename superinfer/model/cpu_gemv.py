@@ -31,7 +31,7 @@ import functools
 import torch
 from torch import Tensor
 
-from superinfer.model.cpu_kernels import load_kernel
+from superinfer.model.cpu_kernels import KernelCall, load_kernel
 from superinfer.model.cpu_q4 import Q4Weights
 from superinfer.model.cpu_w4a8 import pack_q8_blocks, q8_plane_values
 
@@ -126,6 +126,12 @@ class GemvKernel:
         if status != 0:
             raise RuntimeError(f"the few-row GEMV failed ({status})")
         return y
+
+    def call_for(self, weights: Q4Weights | Q8Weights | Q6KWeights) -> KernelCall:
+        """The C call `__call__` makes for `weights`."""
+        gemv, scales = self._function(weights)
+        return KernelCall.of(gemv, weights.packed, scales, weights.bias, weights.num_in,
+                             weights.num_out)  # fmt: skip
 
     def _function(
         self, weights: Q4Weights | Q8Weights | Q6KWeights

@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -33,6 +34,28 @@ KERNEL_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 # vectorize the float reductions without -ffast-math (see paged_decode.c's header)
 CFLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno",
           "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros"]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class KernelCall:
+    """A linear layer as one call of a C GEMV or GEMM, all of which take
+    (x, x_stride, num_rows, num_in, packed, scales, bias, y, num_out, num_threads): the
+    function's address and the addresses of the weights it reads (`bias` 0: none). Valid
+    while the layer holding those weights lives (`csrc/decode_layers.c` calls it)."""
+
+    fn: int
+    packed: int
+    scales: int
+    bias: int
+    num_in: int
+    num_out: int
+
+    @classmethod
+    def of(cls, fn: ctypes._CFuncPtr, packed: torch.Tensor, scales: torch.Tensor,
+           bias: torch.Tensor | None, num_in: int, num_out: int) -> KernelCall:  # fmt: skip
+        address = ctypes.cast(fn, ctypes.c_void_p).value
+        return cls(address, packed.data_ptr(), scales.data_ptr(),
+                   0 if bias is None else bias.data_ptr(), num_in, num_out)  # fmt: skip
 
 
 class KernelsDisabled(RuntimeError):

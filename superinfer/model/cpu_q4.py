@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from superinfer.model.cpu_kernels import load_kernel
+from superinfer.model.cpu_kernels import KernelCall, load_kernel
 
 if TYPE_CHECKING:
     from superinfer.model.cpu_gemv import Q6KWeights, Q8Weights  # cpu_gemv imports this module
@@ -62,6 +62,10 @@ class Q4Weights:
     def __call__(self, x: Tensor) -> Tensor:
         return self.kernel(x, self)
 
+    def kernel_call(self) -> KernelCall:
+        """The C call `__call__` makes."""
+        return self.kernel.call_for(self)
+
 
 class Q8Gemm:
     """A Q8_0 layer's 8-bit weights (`cpu_gemv.Q8Weights`, the few-row GEMV's own: no copy)
@@ -74,6 +78,10 @@ class Q8Gemm:
 
     def __call__(self, x: Tensor) -> Tensor:
         return self.kernel.linear_q8(x, self.weights)
+
+    def kernel_call(self) -> KernelCall:
+        """The C call `__call__` makes."""
+        return self.kernel.call_for(self.weights)
 
 
 class Q4Kernel:
@@ -127,6 +135,19 @@ class Q4Kernel:
     def linear_q8(self, x: Tensor, weights: Q8Weights) -> Tensor:
         """The same for Q8_0 weights in the few-row GEMV's 8-bit layout (`cpu_gemv`)."""
         return self._run(self._q8, x, weights, weights.scales)
+
+    def call_for(self, weights: Q4Weights | Q6KWeights | Q8Weights) -> KernelCall:
+        """The C call that multiplies by `weights` (as `__call__`, `linear_q6k`, `linear_q8`)."""
+        from superinfer.model.cpu_gemv import Q6KWeights  # cpu_gemv imports this module
+
+        if isinstance(weights, Q4Weights):
+            fn, scales = self._linear, weights.scales_zeros
+        elif isinstance(weights, Q6KWeights):
+            fn, scales = self._q6k, weights.d
+        else:
+            fn, scales = self._q8, weights.scales
+        return KernelCall.of(fn, weights.packed, scales, weights.bias, weights.num_in,
+                             weights.num_out)  # fmt: skip
 
     def q6k_rows(self, weights: Q6KWeights, ids: Tensor) -> Tensor:
         """Output rows `ids` (any shape) of Q6_K `weights` as float32, (*ids.shape, K): each

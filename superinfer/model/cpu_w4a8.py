@@ -28,7 +28,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from superinfer.model.cpu_kernels import load_kernel
+from superinfer.model.cpu_kernels import KernelCall, load_kernel
 
 _PTR, _INT, _I64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
 STRIP = 16  # output columns per packed strip
@@ -47,6 +47,11 @@ class W4A8Weights:
 
     def __call__(self, x: Tensor) -> Tensor:
         return self.kernel(x, self)
+
+    def kernel_call(self) -> KernelCall:
+        """The C call `__call__` makes."""
+        return KernelCall.of(self.kernel._linear[self.is_q8], self.packed, self.scales,
+                             self.bias, self.num_in, self.num_out)  # fmt: skip
 
 
 class W4A8Kernel:

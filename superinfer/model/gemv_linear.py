@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from superinfer.model.cpu_gemv import MAX_ROWS as GEMV_MAX_ROWS
 from superinfer.model.cpu_gemv import GemvKernel, Q6KWeights, Q8Weights
+from superinfer.model.cpu_kernels import KernelCall
 
 
 class GemvLinear(nn.Module):
@@ -49,6 +50,11 @@ class GemvLinear(nn.Module):
         else:
             y = self.larger_step(x)
         return y if dtype == torch.bfloat16 else y.to(dtype)
+
+    def kernel_call(self, num_rows: int) -> KernelCall | None:
+        """The C call `forward` makes for a step of `num_rows` bfloat16 rows, or None where
+        it runs PyTorch (the unpacked weights)."""
+        return self.gemv.call_for(self.weights) if num_rows <= self.max_gemv_rows else None
 
     def larger_step(self, x: Tensor) -> Tensor:
         """A step of more rows than the GEMV takes: x (rows, K) bfloat16 -> (rows, N)."""

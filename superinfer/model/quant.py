@@ -61,6 +61,7 @@ from torch import Tensor, nn
 from superinfer.model.config import ModelConfig
 from superinfer.model.cpu_gemv import MAX_ROWS as GEMV_MAX_ROWS
 from superinfer.model.cpu_gemv import GemvKernel, Q6KWeights, Q8Weights, gemv_kernel
+from superinfer.model.cpu_kernels import KernelCall
 from superinfer.model.cpu_q4 import Q4Kernel, Q4Weights, Q8Gemm, q4_kernel
 from superinfer.model.cpu_w4a8 import W4A8Kernel, W4A8Weights, w4a8_kernel
 from superinfer.model.gemv_linear import GemvLinear
@@ -197,6 +198,13 @@ class Int4Linear(nn.Module):
             y = y.to(dtype)
         return y if self.bias is None else y.add_(self.bias)
 
+    def kernel_call(self, num_rows: int) -> KernelCall | None:
+        """The C call `forward` makes for a step of `num_rows` bfloat16 rows, or None where
+        that step runs PyTorch (the int4 kernel, a dense copy)."""
+        if num_rows > self.max_int4_rows:
+            return None if self.q4 is None else self.q4.kernel_call()
+        return None if self.gemv is None else self.gemv.call_for(self.gemv_weights)
+
     def extra_repr(self) -> str:
         small = "GEMV" if self.gemv is not None else "int4"
         more = ", 4-bit GEMM" if self.q4 is not None else ", dense" if self.dense else ""
@@ -234,6 +242,11 @@ class Q6KLinear(GemvLinear):
 
     def larger_step(self, x: Tensor) -> Tensor:
         return self.gemm.linear_q6k(x, self.weights)
+
+    def kernel_call(self, num_rows: int) -> KernelCall | None:
+        if num_rows <= self.max_gemv_rows:
+            return self.gemv.call_for(self.weights)
+        return self.gemm.call_for(self.weights)
 
 
 class Q6KEmbedding(nn.Module):

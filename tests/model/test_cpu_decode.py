@@ -1,5 +1,6 @@
 """The flat CPU decode loop (`cpu_decode.py`) against the modules it stands in for: the same
-logits and the same cache, bit for bit, and the steps and models it leaves to them."""
+logits and the same cache, bit for bit, and the steps and models it leaves to them; and its
+C form (`csrc/decode_layers.c`) against its Python one, for each kind of GGUF layer."""
 
 from __future__ import annotations
 
@@ -7,13 +8,17 @@ import shutil
 
 import pytest
 import torch
+from gguf import GGMLQuantizationType
+from transformers import AutoModelForCausalLM, LlamaConfig
 
 from superinfer.model.attention import AttentionMetadata, SeqEntry
 from superinfer.model.attention_backend import CpuBackend, ReferenceBackend
 from superinfer.model.cpu_decode import FlatDecode
-from superinfer.model.loader import load_model
+from superinfer.model.cpu_gemv import gemv_kernel
+from superinfer.model.loader import load_gguf_model, load_model
+from tests.model.gguf_tiny import write_gguf
 from tests.model.paged import PagedRun
-from tests.model.tiny import save_tiny, tiny_configs
+from tests.model.tiny import TINY, save_tiny, tiny_configs
 
 pytestmark = pytest.mark.skipif(
     shutil.which("cc") is None and shutil.which("gcc") is None, reason="needs a C compiler"
@@ -23,19 +28,23 @@ CONFIGS = tiny_configs()
 PROMPTS = [[1, 17, 42, 99, 5, 63, 8, 120, 33, 71, 3], [1, 9, 4, 77, 31], list(range(3, 60))]
 
 
-def _decode_both_ways(model, num_steps: int = 6, block_size: int = 4, seed: int = 0):
-    """Prefill PROMPTS through the modules, then decode all of them together `num_steps`
-    times with the flat loop and, from the same state, through the modules. Returns
-    (flat logits, module logits, flat cache, module cache)."""
+def _decode_both_ways(model, num_steps: int = 6, block_size: int = 4, seed: int = 0,
+                      prompts=PROMPTS, use=None):  # fmt: skip
+    """Prefill `prompts` through the modules, then decode all of them together `num_steps`
+    times with the flat loop and, from the same state, through the modules (or, with
+    `use`, after `use(True)` and then `use(False)`). Returns (flat logits, module logits,
+    flat cache, module cache)."""
     flat = model.model.flat_decode
     assert flat is not None, "the loader turns the flat loop on for this model"
+    if use is None:
+        use = lambda is_flat: setattr(model.model, "flat_decode", flat if is_flat else None)
     run = PagedRun(model, num_blocks=96, block_size=block_size, seed=seed, backend="cpu")
-    seqs = [run.add(p) for p in PROMPTS]
-    run.step([(s, len(p)) for s, p in zip(seqs, PROMPTS)])
+    seqs = [run.add(p) for p in prompts]
+    run.step([(s, len(p)) for s, p in zip(seqs, prompts)])
     results = []
     for is_flat in (True, False):
         twin = run.clone()
-        model.model.flat_decode = flat if is_flat else None
+        use(is_flat)
         steps = []
         for i in range(num_steps):
             for s in seqs:  # the same next tokens both ways
@@ -73,6 +82,54 @@ def test_default_model_in_bfloat16_is_the_modules_bit_for_bit(smollm_bf16):
     )
     assert torch.equal(flat_logits, module_logits)
     assert torch.equal(flat_cache, module_cache)
+
+
+Q4_0, Q4_1, Q8_0 = GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0
+Q4_K, Q6_K = GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K
+K_QUANT = {**TINY, "hidden_size": 256, "intermediate_size": 512}  # super-blocks of 256
+# (model, GGUF arch, matrices' type, ffn_down's): Q4 GEMV and GEMM, Q8_0 GEMV (and GEMM on
+# AMX), Qwen3's q/k norms, Q4_K with Q6_K's GEMV and GEMM
+C_LOOP_MODELS = {
+    "llama-q4_1": (LlamaConfig(**TINY), "llama", Q4_1, Q4_1),
+    "llama-q8_0": (LlamaConfig(**TINY), "llama", Q8_0, Q8_0),
+    "qwen3-q4_0": (tiny_configs()["qwen3"], "qwen3", Q4_0, Q4_0),
+    "llama-q4_k-q6_k": (LlamaConfig(**K_QUANT), "llama", Q4_K, Q6_K),
+}
+MORE_PROMPTS = PROMPTS + [[1, 2, 3], list(range(40, 51)), [5] * 9, [1, 88]]  # 7 rows
+
+
+@pytest.mark.skipif(gemv_kernel() is None, reason="no AVX-512 BF16 GEMV: no C projections")
+@pytest.mark.parametrize("name", C_LOOP_MODELS)
+def test_the_c_loop_is_the_python_loop_bit_for_bit(name, tmp_path):
+    """Steps of 1, 3 and 7 rows: the few-row GEMV, and the GEMMs beyond it (on AMX from 4
+    rows); the C loop runs where every projection is a C call at that size."""
+    config, arch, qtype, down_type = C_LOOP_MODELS[name]
+    hf = AutoModelForCausalLM.from_pretrained(save_tiny(tmp_path / "hf", config, seed=5))
+    down = {f"blk.{i}.ffn_down.weight": down_type for i in range(config.num_hidden_layers)}
+    path = write_gguf(hf.eval(), tmp_path / "m.gguf", arch, qtype, types=down)
+    model = load_gguf_model(str(path), torch.bfloat16, torch.device("cpu"), "auto")[0]
+    model.use_flat_decode()  # as `load_model` does (it also wants a tokenizer in the file)
+    flat = model.model.flat_decode
+    c_loop, num_c_calls = flat.c_loop, []
+    assert c_loop is not None
+
+    def counted(*args):
+        num_c_calls.append(1)
+        return c_loop(*args)
+
+    def use(is_c: bool) -> None:
+        flat.c_loop = counted if is_c else None
+
+    for prompts in (PROMPTS[:1], PROMPTS, MORE_PROMPTS):
+        before = len(num_c_calls)
+        c_logits, py_logits, c_cache, py_cache = _decode_both_ways(
+            model, num_steps=3, prompts=prompts, use=use
+        )
+        assert torch.equal(c_logits, py_logits)
+        assert torch.equal(c_cache, py_cache)
+        assert len(num_c_calls) - before == (3 if flat._plan(len(prompts)) else 0)
+    assert num_c_calls, "the one-row steps at least ran in C"
+    flat.c_loop = c_loop
 
 
 def _meta(entries, backend=None) -> AttentionMetadata:
