@@ -46,6 +46,75 @@ static inline __m512 load_bf16(const uint16_t *p) {
         _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
 }
 
+/* sums[r][h][p % 2] += w . (row r's inputs 2p, 2p + 1), for the rows of a block */
+static inline __attribute__((always_inline)) void add_pair(
+    __m512 sums[ROW_TILE][2][2], __m512bh w, const uint16_t *x, int64_t x_stride, int p, int h,
+    const int num_rows) {
+    for (int r = 0; r < num_rows; r++) {
+        int32_t pair;
+        __builtin_memcpy(&pair, x + r * x_stride + 2 * p, sizeof pair);
+        sums[r][h][p % 2] =
+            _mm512_dpbf16_ps(sums[r][h][p % 2], w, (__m512bh)_mm512_set1_epi32(pair));
+    }
+}
+
+/* A block's 4-bit weights against its rows: sums[r][h][p % 2] over the 16 input pairs p of
+ * each half h. A pair's weights are 16 columns' (q_2p - 8, q_2p+1 - 8) as bfloat16 pairs,
+ * looked up (vpermw, which reads the low 5 bits of each index word) from index words
+ * holding q_2p in the low word's low nibble and q_2p+1 in the high word's. */
+static inline __attribute__((always_inline)) void q4_block(
+    __m512 sums[ROW_TILE][2][2], const uint16_t *x, int64_t x_stride, const uint8_t *packed,
+    const __m512i table, const int num_rows) {
+#ifdef __AVX512VBMI__
+    /* From 64 bytes (4 pairs of a half) at once: vpermb puts column c's bytes of pairs p and
+     * p + 1 in dword c as [p, p + 1, p, p + 1]; shifting the high word right by 4 makes the
+     * index words of pair p (the low nibbles of the byte above each word's bit 4 are
+     * ignored: the table repeats past 16); shifting both words right by 8 more, pair p + 1's. */
+    static const uint8_t order[2][64] = {
+#define BYTES(c, k) 16 * (2 * k) + c, 16 * (2 * k + 1) + c, 16 * (2 * k) + c, 16 * (2 * k + 1) + c
+#define LANES(k)                                                                             \
+    BYTES(0, k), BYTES(1, k), BYTES(2, k), BYTES(3, k), BYTES(4, k), BYTES(5, k), BYTES(6, k), \
+        BYTES(7, k), BYTES(8, k), BYTES(9, k), BYTES(10, k), BYTES(11, k), BYTES(12, k),     \
+        BYTES(13, k), BYTES(14, k), BYTES(15, k)
+        {LANES(0)}, {LANES(1)}};
+#undef LANES
+#undef BYTES
+    const __m512i high_by_4 = _mm512_set1_epi32(4 << 16);
+    for (int p0 = 0; p0 < 16; p0 += 4)
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const __m512i bytes = _mm512_loadu_si512(packed + h * 256 + p0 * 16);
+#pragma GCC unroll 2
+            for (int k = 0; k < 2; k++) {
+                const __m512i spread = _mm512_loadu_si512(order[k]);
+                const __m512i index =
+                    _mm512_srlv_epi16(_mm512_permutexvar_epi8(spread, bytes), high_by_4);
+                add_pair(sums, (__m512bh)_mm512_permutexvar_epi16(index, table), x, x_stride,
+                         p0 + 2 * k, h, num_rows);
+                add_pair(sums,
+                         (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(index, 8), table),
+                         x, x_stride, p0 + 2 * k + 1, h, num_rows);
+            }
+        }
+#else
+    const __m512i mask = _mm512_set1_epi32(0x000F000F);
+    for (int p0 = 0; p0 < 16; p0 += 2)
+#pragma GCC unroll 2
+        for (int j = 0; j < 2; j++)
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                /* a byte per column: input 2p in its low nibble, 2p + 1 in its high one */
+                const int p = p0 + j;
+                const __m512i bytes = _mm512_cvtepu8_epi32(
+                    _mm_loadu_si128((const __m128i *)(packed + h * 256 + p * 16)));
+                const __m512i index = _mm512_ternarylogic_epi32(
+                    bytes, _mm512_slli_epi32(bytes, 12), mask, 0xA8); /* (a | b) & c */
+                add_pair(sums, (__m512bh)_mm512_permutexvar_epi16(index, table), x, x_stride, p,
+                         h, num_rows);
+            }
+#endif
+}
+
 /* y (16 columns of each half) for num_rows <= ROW_TILE rows, 4-bit weights of one strip.
  * x: bfloat16 rows x_stride apart; x_sums: per row and block, the float sum of its 32 x.
  * Each row's sums run in the same order whatever num_rows is: a row's result does not
@@ -54,32 +123,13 @@ static inline __attribute__((always_inline)) void q4_strip(
     const uint16_t *x, int64_t x_stride, const float *x_sums, int64_t num_blocks,
     const uint8_t *packed, const uint16_t *scales_zeros, const __m512i table,
     __m512 acc[ROW_TILE][2], const int num_rows) {
-    const __m512i mask = _mm512_set1_epi32(0x000F000F);
     for (int r = 0; r < num_rows; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     for (int64_t b = 0; b < num_blocks; b++, packed += 512, scales_zeros += 64) {
         /* per row and half, the even and odd input pairs: 4 chains of vdpbf16ps a row */
         __m512 sums[ROW_TILE][2][2];
         for (int r = 0; r < num_rows; r++)
             sums[r][0][0] = sums[r][0][1] = sums[r][1][0] = sums[r][1][1] = _mm512_setzero_ps();
-        for (int p0 = 0; p0 < 16; p0 += 2)
-#pragma GCC unroll 2
-            for (int j = 0; j < 2; j++)
-#pragma GCC unroll 2
-                for (int h = 0; h < 2; h++) {
-                    /* 16 columns' inputs 2p (low nibble) and 2p + 1 (high), as index words */
-                    const int p = p0 + j;
-                    const __m512i bytes = _mm512_cvtepu8_epi32(
-                        _mm_loadu_si128((const __m128i *)(packed + h * 256 + p * 16)));
-                    const __m512i index = _mm512_ternarylogic_epi32(
-                        bytes, _mm512_slli_epi32(bytes, 12), mask, 0xA8); /* (a | b) & c */
-                    const __m512bh w = (__m512bh)_mm512_permutexvar_epi16(index, table);
-                    for (int r = 0; r < num_rows; r++) {
-                        int32_t pair;
-                        __builtin_memcpy(&pair, x + r * x_stride + b * BLOCK + 2 * p, sizeof pair);
-                        sums[r][h][j] = _mm512_dpbf16_ps(sums[r][h][j], w,
-                                                         (__m512bh)_mm512_set1_epi32(pair));
-                    }
-                }
+        q4_block(sums, x + b * BLOCK, x_stride, packed, table, num_rows);
         for (int h = 0; h < 2; h++) {
             const __m512 scale = load_bf16(scales_zeros + h * 32);
             const __m512 zero = load_bf16(scales_zeros + h * 32 + 16);
