@@ -215,7 +215,8 @@ class FlatDecode:
         after = (block_size, self.num_heads, self.num_kv_heads, self.head_dim, self.scale,
                  _DTYPES[self.dtype])  # fmt: skip
         num_threads, num_qk_heads = torch.get_num_threads(), self.num_heads + self.num_kv_heads
-        plan = self._plan(num_seqs) if self.c_loop is not None else None
+        is_c = self.c_loop is not None and x.dtype == torch.bfloat16 and x.is_contiguous()
+        plan = self._plan(num_seqs) if is_c else None
         if plan is not None:
             return self._run(plan, x, rotation, q_rotated, kv_cache, meta, num_threads)
         residual, h = x, self.norm(x, None, self.layers[0].input_norm, self.layers[0].eps)

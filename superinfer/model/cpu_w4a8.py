@@ -50,8 +50,7 @@ class W4A8Weights:
 
     def kernel_call(self) -> KernelCall:
         """The C call `__call__` makes."""
-        return KernelCall.of(self.kernel._linear[self.is_q8], self.packed, self.scales,
-                             self.bias, self.num_in, self.num_out)  # fmt: skip
+        return self.kernel.call_for(self)
 
 
 class W4A8Kernel:
@@ -100,6 +99,11 @@ class W4A8Kernel:
             return self.pack(nibbles, scales, zeros, bias)
         num_blocks = num_in // BLOCK  # scales [d | 16 d]
         return self.pack_q8(q8_plane_values(nibbles, num_in), scales[:, :num_blocks], bias)
+
+    def call_for(self, weights: W4A8Weights) -> KernelCall:
+        """The C call `__call__` makes for `weights`."""
+        return KernelCall.of(self._linear[weights.is_q8], weights.packed, weights.scales,
+                             weights.bias, weights.num_in, weights.num_out)  # fmt: skip
 
     def __call__(self, x: Tensor, weights: W4A8Weights) -> Tensor:
         """x (rows, K) bfloat16, each row contiguous -> (rows, N) bfloat16."""

@@ -15,6 +15,7 @@ from superinfer.model.attention import AttentionMetadata, SeqEntry
 from superinfer.model.attention_backend import CpuBackend, ReferenceBackend
 from superinfer.model.cpu_decode import FlatDecode
 from superinfer.model.cpu_gemv import gemv_kernel
+from superinfer.model.cpu_w4a8 import w4a8_kernel
 from superinfer.model.loader import load_gguf_model, load_model
 from tests.model.gguf_tiny import write_gguf
 from tests.model.paged import PagedRun
@@ -87,13 +88,14 @@ def test_default_model_in_bfloat16_is_the_modules_bit_for_bit(smollm_bf16):
 Q4_0, Q4_1, Q8_0 = GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0
 Q4_K, Q6_K = GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K
 K_QUANT = {**TINY, "hidden_size": 256, "intermediate_size": 512}  # super-blocks of 256
-# (model, GGUF arch, matrices' type, ffn_down's): Q4 GEMV and GEMM, Q8_0 GEMV (and GEMM on
-# AMX), Qwen3's q/k norms, Q4_K with Q6_K's GEMV and GEMM
+# (model, GGUF arch, matrices' type, ffn_down's, --quantization): Q4 GEMV and GEMM, Q8_0 GEMV
+# (and GEMM on AMX), Qwen3's q/k norms, Q4_K with Q6_K's GEMV and GEMM, 8-bit activations
 C_LOOP_MODELS = {
-    "llama-q4_1": (LlamaConfig(**TINY), "llama", Q4_1, Q4_1),
-    "llama-q8_0": (LlamaConfig(**TINY), "llama", Q8_0, Q8_0),
-    "qwen3-q4_0": (tiny_configs()["qwen3"], "qwen3", Q4_0, Q4_0),
-    "llama-q4_k-q6_k": (LlamaConfig(**K_QUANT), "llama", Q4_K, Q6_K),
+    "llama-q4_1": (LlamaConfig(**TINY), "llama", Q4_1, Q4_1, "auto"),
+    "llama-q8_0": (LlamaConfig(**TINY), "llama", Q8_0, Q8_0, "auto"),
+    "qwen3-q4_0": (tiny_configs()["qwen3"], "qwen3", Q4_0, Q4_0, "auto"),
+    "llama-q4_k-q6_k": (LlamaConfig(**K_QUANT), "llama", Q4_K, Q6_K, "auto"),
+    "llama-q4_1-w4a8": (LlamaConfig(**TINY), "llama", Q4_1, Q8_0, "gguf-w4a8"),
 }
 MORE_PROMPTS = PROMPTS + [[1, 2, 3], list(range(40, 51)), [5] * 9, [1, 88]]  # 7 rows
 
@@ -103,11 +105,13 @@ MORE_PROMPTS = PROMPTS + [[1, 2, 3], list(range(40, 51)), [5] * 9, [1, 88]]  # 7
 def test_the_c_loop_is_the_python_loop_bit_for_bit(name, tmp_path):
     """Steps of 1, 3 and 7 rows: the few-row GEMV, and the GEMMs beyond it (on AMX from 4
     rows); the C loop runs where every projection is a C call at that size."""
-    config, arch, qtype, down_type = C_LOOP_MODELS[name]
+    config, arch, qtype, down_type, quantization = C_LOOP_MODELS[name]
+    if quantization == "gguf-w4a8" and w4a8_kernel() is None:
+        pytest.skip("no 8-bit-activation GEMM here")
     hf = AutoModelForCausalLM.from_pretrained(save_tiny(tmp_path / "hf", config, seed=5))
     down = {f"blk.{i}.ffn_down.weight": down_type for i in range(config.num_hidden_layers)}
     path = write_gguf(hf.eval(), tmp_path / "m.gguf", arch, qtype, types=down)
-    model = load_gguf_model(str(path), torch.bfloat16, torch.device("cpu"), "auto")[0]
+    model = load_gguf_model(str(path), torch.bfloat16, torch.device("cpu"), quantization)[0]
     model.use_flat_decode()  # as `load_model` does (it also wants a tokenizer in the file)
     flat = model.model.flat_decode
     c_loop, num_c_calls = flat.c_loop, []
