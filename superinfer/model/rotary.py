@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from superinfer.model.cpu_rotary import rotary_kernel
+
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None = None) -> Tensor:
     """Inverse frequencies (head_dim // 2,) in float32 (as transformers computes them);
@@ -187,7 +189,11 @@ class RotaryEmbedding(nn.Module):
 
 
 def apply_rotary(x: Tensor, rotation: Tensor) -> Tensor:
-    """Rotate interleaved pairs of x (T, n, D) by rotation (T, 1, D/2); returns (T, n, D)."""
+    """Rotate interleaved pairs of x (T, n, D) by rotation (T, 1, D/2); returns (T, n, D).
+    On CPU one C call where the kernel takes them (`cpu_rotary`, the same bits)."""
+    kernel = rotary_kernel() if x.device.type == "cpu" else None
+    if kernel is not None and kernel.takes(x, rotation):
+        return kernel(x, rotation)
     pairs = x.float().unflatten(-1, (-1, 2))  # (T, n, D/2, 2)
     rotated = torch.view_as_complex(pairs) * rotation  # (T, n, D/2)
     return torch.view_as_real(rotated).flatten(-2).to(x.dtype)

@@ -14,6 +14,8 @@
  */
 #include <stdint.h>
 
+#include "bf16.h"
+
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
 #define HAVE_ACT 1
@@ -26,16 +28,6 @@ static inline __m512 load_bf16(const uint16_t *p) {
 static inline __m512 load_bf16_part(const uint16_t *p, __mmask16 mask) {
     return _mm512_castsi512_ps(
         _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p)), 16));
-}
-
-/* x's bits rounded to bfloat16's (nearest even) in the top half, as PyTorch rounds in
- * software: vcvtneps2bf16 would flush denormals, which PyTorch keeps. NaN -> 0x7FC0. */
-static inline __m512i rounded_bits(__m512 x) {
-    const __m512i bits = _mm512_castps_si512(x);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    const __m512i sum = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
-    const __mmask16 is_nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-    return _mm512_mask_mov_epi32(sum, is_nan, _mm512_set1_epi32(0x7FC00000));
 }
 
 static inline __m512 round_bf16(__m512 x) {
