@@ -17,21 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-int add_rms_norm(const void *x, int64_t x_stride, void *residual, int64_t residual_stride,
-                 const float *weight, void *out, int64_t num_rows, int hidden, int is_bf16,
-                 float eps, int num_threads);
-int rms_norm_heads(const void *x, int64_t x_stride, void *out, int64_t out_stride,
-                   int64_t num_tokens, int num_heads, int head_dim, const float *weight,
-                   int is_bf16, float eps, int num_threads);
-int silu_mul(const void *x, int64_t x_stride, void *out, int64_t num_rows, int64_t inner,
-             int num_threads);
-int rotary_decode_attention(const void *qkv, int64_t qkv_stride, const float *rotation,
-                            void *q_rotated, void *kv_cache, const int64_t *slot_blocks,
-                            const int64_t *slot_offsets, int64_t num_blocks,
-                            const int64_t *block_tables, const int64_t *seq_lens, int num_seqs,
-                            int max_blocks, int num_layers, int layer, int block_size,
-                            int num_heads, int num_kv_heads, int head_dim, float scale,
-                            int is_bf16, void *out, int num_threads);
+#include "kernels.h"
 
 /* y (num_rows, num_out) bfloat16 = x (num_rows, num_in) bfloat16 @ w.T (+ bias) */
 typedef int (*linear_fn)(const void *x, int64_t x_stride, int64_t num_rows, int64_t num_in,

@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "bf16.h"
+#include "kernels.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>

@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "kernels.h"
 
 #define MAX_HEAD_DIM 256
 #define MAX_GROUP 16         /* query heads per kv head */

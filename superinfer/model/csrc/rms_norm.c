@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "bf16.h"
+#include "kernels.h"
 
 #define MAX_HIDDEN 65536
 

@@ -23,12 +23,7 @@
 #include <string.h>
 
 #include "bf16.h"
-
-int paged_decode_attention(const void *q, const void *kv_cache, void *out, int is_bf16,
-                           const int64_t *block_tables, const int64_t *seq_lens,
-                           const int64_t *key_starts, int num_seqs, int max_blocks,
-                           int num_layers, int layer, int block_size, int num_heads,
-                           int num_kv_heads, int head_dim, float scale, int num_threads);
+#include "kernels.h"
 
 #ifdef __AVX512F__
 /* 8 pairs (a, b) of x, each times its rotation (c, d), 16 floats at rot: (ac - bd, ad + bc),
