@@ -59,9 +59,9 @@ struct decode_step {
     float scale;
 };
 
-#define TRY(call)                       \
-    do {                                \
-        const int status_ = (call);     \
+#define TRY(call)                         \
+    do {                                  \
+        const int status_ = (call);       \
         if (status_ != 0) return status_; \
     } while (0)
 
