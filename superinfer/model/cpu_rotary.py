@@ -6,8 +6,8 @@ the rotation as three passes (upcast to float, a complex multiply against the br
 rotation, the downcast): 123 us a layer for a 512-token chunk of the default model, against
 35 us here, about 3% of the chunk's step. The arithmetic is PyTorch's complex multiply, (a + ib)(c + id) =
 (ac - bd) + i(ad + bc) with every product rounded to float before the sum, rounded to
-bfloat16 as PyTorch rounds (nearest even, denormals kept): the same results bit for bit
-(`tests/model/test_cpu_rotary.py`).
+bfloat16 as PyTorch rounds (nearest even, denormals kept): the same results bit for bit,
+but for a NaN's payload (`tests/model/test_cpu_rotary.py`).
 """
 
 from __future__ import annotations
