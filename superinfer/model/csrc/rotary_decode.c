@@ -46,8 +46,8 @@ static inline __m256i bf16_words(__m512 x) {
 
 /* Rotate the head_dim / 2 interleaved pairs of `num_heads` rows of `src` (consecutive, each
  * head_dim long) by `rotation` (head_dim / 2 complex numbers, float re/im pairs) into
- * `dst`: 16 pairs at a time with AVX-512 where the head divides into them, the same
- * arithmetic. */
+ * `dst`: with AVX-512, 16 pairs at a time (bfloat16) or 8 (float) where the head divides
+ * into them, the same arithmetic. */
 static void rotate_heads(const void *src, void *dst, const float *rotation, int num_heads,
                          int head_dim, int is_bf16) {
 #ifdef __AVX512F__
