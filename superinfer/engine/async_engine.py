@@ -341,6 +341,11 @@ class AsyncEngine:
         """The engine's step observer: the step-time metric reads its wall time."""
         self._last_step = record
 
+    def num_cached_tokens(self, token_ids: list[int]) -> int:
+        """Tokens of a prompt the device's prefix cache holds now, which its prefill will
+        not compute (admission's estimate; read from the event loop while steps run)."""
+        return self.engine.num_cached_tokens(token_ids)
+
     def step_left_s(self) -> float:
         """Seconds until the step now running ends (0 between steps), which admission counts
         before a newcomer's first token: what its forward's shape costs at the learned rates

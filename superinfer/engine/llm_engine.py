@@ -420,6 +420,11 @@ class LLMEngine:
         forward = self._timed.running
         return None if forward is None or forward.end is not None else BatchShape.of(forward.batch)
 
+    def num_cached_tokens(self, token_ids: list[int]) -> int:
+        """Tokens of a prompt the device's prefix cache holds now (admission's estimate).
+        Safe to call from another thread than the engine's: it only reads."""
+        return self.scheduler.kv.num_cached_tokens(token_ids)
+
     def snapshot(self) -> EngineSnapshot:
         """The load picture now, as plain data (step time and the served token counts are
         the async engine's to add)."""

@@ -65,6 +65,7 @@ class Demand:
     elapsed_s: float = 0.0  # spent since arrival, before admission
     tbt_s: float | None = None  # its TBT target (None: not checked)
     promised_tbt_s: float = 0.0  # its TBT target, checked or not (0: none)
+    num_cached_tokens: int = 0  # its prompt's prefix the device's prefix cache holds
 
 
 @dataclass
@@ -81,15 +82,14 @@ class Admission:
     # --- estimates ------------------------------------------------------------------------
     def estimate(self, load: Load, demand: Demand) -> FirstTokenEstimate:
         """The raw estimate of `demand`'s first token, from now."""
-        return self.estimator.first_token(
-            load, demand.num_prompt_tokens, demand.slo_class, demand.ttft_deadline
-        )
+        return self.estimator.first_token(load, demand.num_prompt_tokens, demand.slo_class,
+                                          demand.ttft_deadline, demand.num_cached_tokens)  # fmt: skip
 
     def tpot(self, load: Load, demand: Demand) -> TpotEstimate:
         """`demand`'s mean gap between tokens, and the promises its prompt would break."""
         return self.estimator.tpot(
             load, demand.num_prompt_tokens, demand.max_tokens, demand.slo_class,
-            demand.ttft_deadline, demand.tbt_s or 0.0, TPOT_HEADROOM,
+            demand.ttft_deadline, demand.tbt_s or 0.0, TPOT_HEADROOM, demand.num_cached_tokens,
         )  # fmt: skip
 
     def expected_ttft_s(self, demand: Demand, estimate: FirstTokenEstimate) -> float:

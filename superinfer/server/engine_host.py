@@ -202,6 +202,7 @@ class EngineHost:
             len(prepared.prompt_token_ids), expected_tokens, slo.targets.slo_class,
             arrival.monotonic + slo.targets.ttft_s, now - arrival.monotonic,
             tbt_s=None if tbt_ms is None else tbt_ms / 1000.0, promised_tbt_s=slo.targets.tbt_s,
+            num_cached_tokens=self._num_cached_tokens(prepared),
         )  # fmt: skip
         ttft_ms = slo.binding_ttft_ms if self.config.reject_infeasible_ttft else None
         estimate = self.admission.check(
@@ -222,6 +223,14 @@ class EngineHost:
                         prepared.request_id, len(prepared.prompt_token_ids), prepared.params,
                         slo.targets, prepared.priority)  # fmt: skip
         return stream, inflight
+
+    def _num_cached_tokens(self, prepared: PreparedRequest) -> int:
+        """The prompt's prefix the prefix cache holds now (none for a request that asks for
+        its prompt's log-probabilities: every position runs through the model then)."""
+        assert self.engine is not None
+        if prepared.params.prompt_logprobs is not None:
+            return 0
+        return self.engine.num_cached_tokens(prepared.prompt_token_ids)
 
     # --- admitted requests ----------------------------------------------------------------
     def abort(self, inflight: Inflight, reason: str) -> None:

@@ -73,10 +73,11 @@ class SimAdmission:
         """The server's checks for `request` arriving at `now` (`step_left_s` before the
         step in flight ends); False: refused."""
         targets = request.slo
+        num_cached = scheduler.kv.num_cached_tokens(request.prompt_token_ids)
         demand = Demand(request.num_prompt_tokens, request.sampling_params.max_tokens or 1,
                         targets.slo_class, request.arrival_time + targets.ttft_s, 0.0,
                         targets.tbt_s if self.is_reject_infeasible_tbt else None,
-                        targets.tbt_s)  # fmt: skip
+                        targets.tbt_s, num_cached)  # fmt: skip
         slo_class = self.slo.get(targets.slo_class) if targets.slo_class else None
         is_reject = slo_class is None or slo_class.reject_infeasible
         try:

@@ -219,14 +219,19 @@ class Estimator:
         num_prompt_tokens: int,
         slo_class: str | None,
         deadline: float,
+        num_cached_tokens: int = 0,
     ) -> FirstTokenEstimate:
+        """`num_cached_tokens`: the prompt's prefix the device's prefix cache holds, whose
+        keys its prefill reads but does not compute."""
         ahead = self.queue_ahead(load, slo_class, deadline)
         rank = self.rank(slo_class)
-        prompts = [q.num_tokens for q in ahead] + [num_prompt_tokens]
+        prompts = [q.num_tokens for q in ahead]
         prompts += [d.num_prefill_tokens for d in load.decoding
                     if d.num_prefill_tokens and self.rank(d.slo_class) <= rank]  # fmt: skip
-        num_prefill = sum(prompts)
+        num_new = num_prompt_tokens - num_cached_tokens
+        num_prefill = sum(prompts) + num_new
         num_pairs = sum(n * (n + 1) / 2 for n in prompts)  # a running one's: at least
+        num_pairs += _pairs(num_prompt_tokens) - _pairs(num_cached_tokens)
         budget = max(1, self.step_budget(load, slo_class))
         num_steps = -(-num_prefill // budget)
         # the prefill costs are a step's time beyond its decodes' (`PrefillCost`)
@@ -262,9 +267,11 @@ class Estimator:
         deadline: float,
         tbt_s: float = 0.0,
         headroom: float = 1.0,
+        num_cached_tokens: int = 0,
     ) -> TpotEstimate:
         """The mean gap between `max_tokens` tokens of a new request, and how many decoding
-        requests its prompt would push past `headroom` times their TPOT budget."""
+        requests its prompt (less the `num_cached_tokens` the prefix cache holds) would push
+        past `headroom` times their TPOT budget."""
         # the step once the queued requests and this one join the batch, by the per-row cost
         step_s = load.decode_only_step_s + load.num_queued * load.decode_row_s
         step_after_s = step_s + load.decode_row_s
@@ -272,7 +279,7 @@ class Estimator:
         chunk_s = load.num_batched_tokens * per_token_s  # the most prefill one step carries
         queued_s = load.num_queued_tokens * per_token_s
         pending_s = queued_s + sum(d.num_prefill_tokens for d in load.decoding) * per_token_s
-        new_s = num_prompt_tokens * per_token_s
+        new_s = (num_prompt_tokens - num_cached_tokens) * per_token_s
         rank = self.rank(slo_class)
         num_broken, min_slack = 0, math.inf
         for d in load.decoding:
@@ -406,6 +413,11 @@ def kv_holds(load: EngineLoad, queued: Sequence[Queued]) -> list[KvHold]:
                                      q.tbt_s)  # fmt: skip
         holds.append(KvHold(q.num_tokens, num_final, finish_s))
     return holds
+
+
+def _pairs(num_tokens: int) -> float:
+    """Attention (query, key) pairs of a causal prefill of the first `num_tokens` tokens."""
+    return num_tokens * (num_tokens + 1) / 2
 
 
 def _blocks(num_tokens: int, block_size: int) -> int:

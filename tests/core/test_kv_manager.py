@@ -10,6 +10,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from superinfer.core.kv.errors import KVInvariantError
 from superinfer.core.kv.manager import TwoTierKVManager
+from superinfer.core.kv.prefix import prefix_hashes
 from superinfer.core.kv.transfer import Direction
 from superinfer.core.request import RequestStatus
 from tests.factories import make_request
@@ -185,6 +186,35 @@ def test_prefix_hit_leaves_the_last_token_to_compute():
     compute_all(kv, a)
     b = make_request(prompt_token_ids=prompt)
     assert kv.match_prefix(b) == 4  # not 8: the last token must run to give logits
+
+
+@pytest.mark.parametrize("prompt", [list(range(100, 108)), list(range(100, 111)),
+                                    list(range(100, 109)) + [7, 8, 9, 10, 11, 12]])  # fmt: skip
+def test_the_read_only_probe_predicts_the_hit_before_it_is_taken(prompt):
+    """Admission asks `num_cached_tokens` from another thread; `match_prefix` then hits
+    exactly that much, and the probe changed no reference count."""
+    kv = make_kv(writeback=False)
+    a = make_request(prompt_token_ids=list(range(100, 111)))
+    admit(kv, a)
+    compute_all(kv, a)
+    b = make_request(prompt_token_ids=prompt)
+    counts = list(kv.device.ref_counts)
+    probed = kv.num_cached_tokens(prompt)
+    assert kv.device.ref_counts == counts
+    assert probed == kv.match_prefix(b) > 0
+    kv.free(a)
+    kv.free(b)  # freed blocks keep their content: still a hit until reused
+    c = make_request(prompt_token_ids=prompt)
+    assert kv.num_cached_tokens(prompt) == kv.match_prefix(c) == probed
+    assert make_kv(caching=False).num_cached_tokens(prompt) == 0
+
+
+def test_the_probe_names_blocks_as_the_manager_does():
+    kv = make_kv(writeback=False)
+    a = make_request(prompt_token_ids=list(range(100, 111)))
+    admit(kv, a)
+    compute_all(kv, a)
+    assert kv._table(a).block_hashes == list(prefix_hashes(list(range(100, 111)), BS))
 
 
 def test_double_free_is_caught():

@@ -83,3 +83,38 @@ def test_each_admitted_request_leaves_exactly_one_record(tmp_path):
     assert (by_id["cut"]["outcome"], by_id["cut"]["reason"]) == ("aborted", "shutdown")
     assert report["num_inflight"] == 0 and report["num_unfinished"] == 0
     assert report["invariants"] == "ok" and report["num_block_tables"] == 0
+
+
+async def estimates_of_a_repeated_prompt(tmp_path) -> tuple[float, float, float, int]:
+    """Compute estimates at admission: a prompt, another as long, then the first again
+    (its prefix cached), each on an idle engine; and the hit its prefill took."""
+    slo_log = SLOLog(tmp_path / "slo.jsonl")
+    host = EngineHost(ServerConfig(), ENGINE, slo_log, ServerMetrics("m", None),
+                      RateLimitedLog(logging.getLogger(__name__)))  # fmt: skip
+    await host.start()
+    host.warmup_prefill_s_per_token = 1e-3  # what a warm-up measures (none runs here)
+    engine = host.engine.engine
+    preparer = RequestPreparer(engine.tokenizer, engine.model_config.vocab_size, 512, SLOConfig())
+    estimates = []
+    try:
+        for request_id, word in (("a", "apple"), ("b", "berry"), ("a-again", "apple")):
+            body = CompletionRequest.model_validate(
+                {"prompt": " ".join([word] * 200), "request_id": request_id, "max_tokens": 2}
+            )
+            arrival = Arrival(time.monotonic(), time.time())
+            stream, inflight = host.admit(preparer.prepare(body, {}, arrival), arrival, 2)
+            estimates.append(inflight.estimate.compute_s)
+            _ = [output async for output in stream]
+            await host.engine.wait_idle(30)
+        num_hit = host.snapshot.prefix_cache_hits
+    finally:
+        await host.shutdown()
+        slo_log.close()
+    return (*estimates, num_hit)
+
+
+def test_admission_leaves_out_the_prefix_the_cache_holds(tmp_path):
+    first, other, again, num_hit = asyncio.run(estimates_of_a_repeated_prompt(tmp_path))
+    assert num_hit >= 192  # the repeat's prefill read 12 of its ~13 blocks from the cache
+    assert min(first, other) >= 0.2  # 200 tokens and more at 1 ms
+    assert again < 0.5 * min(first, other)

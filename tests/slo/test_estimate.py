@@ -469,3 +469,22 @@ def test_a_steps_time_at_the_learned_costs_inverts_what_it_learned():
     assert cost.step_s(prefill_only, decode_step_s=0.05) == pytest.approx(0.10)
     decodes = BatchShape.of_lists([1, 1], [50, 50])
     assert cost.step_s(decodes, decode_step_s=0.05) == 0.05
+
+
+def test_a_cached_prefix_is_read_not_computed():
+    """The prompt's prefix in the prefix cache costs no prefill: its tokens and the pairs
+    among them leave the estimate, the pairs of the new tokens with it stay."""
+    load = base(prefill_s_per_pair=1e-6)
+    full = ESTIMATOR.first_token(load, 400, None, deadline=5.0)
+    cached = ESTIMATOR.first_token(load, 400, None, deadline=5.0, num_cached_tokens=320)
+    new_pairs = 400 * 401 / 2 - 320 * 321 / 2  # queries 320..399, each over its prefix
+    assert cached.compute_s == pytest.approx(0.05 + 80 * 0.001 + new_pairs * 1e-6)
+    assert full.compute_s - cached.compute_s == pytest.approx(320 * 0.001 + 320 * 321 / 2 * 1e-6)
+
+
+def test_a_cached_prefix_pushes_no_decoding_promise_with_its_tokens():
+    decoding = (Decoding(tbt_s=0.1, num_gaps=10, num_remaining=5, first_token_time=0.0),)
+    load = base(decoding=decoding, now=0.5, decode_step_s=0.05, prefill_s_per_token=0.002)
+    full = ESTIMATOR.tpot(load, 400, 20, None, deadline=5.0)
+    cached = ESTIMATOR.tpot(load, 400, 20, None, deadline=5.0, num_cached_tokens=384)
+    assert full.num_broken == 1 and cached.num_broken == 0

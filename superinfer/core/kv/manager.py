@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 
 from superinfer.core.kv.block_pool import BlockPool
 from superinfer.core.kv.errors import KVInvariantError
+from superinfer.core.kv.prefix import chain_hash, num_matchable_blocks, prefix_hashes
 from superinfer.core.kv.transfer import Direction, TransferSpec
 from superinfer.core.request import Request, RequestStatus
 
@@ -170,7 +171,7 @@ class TwoTierKVManager:
             return 0
         self.stats.num_prefix_query_tokens += request.num_tokens
         self._extend_hashes(request, table)
-        num_matchable = (request.num_tokens - 1) // self.block_size
+        num_matchable = num_matchable_blocks(request.num_tokens, self.block_size)
         for block_hash in table.block_hashes[:num_matchable]:
             block = self.device.lookup(block_hash)
             if block is None:
@@ -182,6 +183,21 @@ class TwoTierKVManager:
         self.stats.num_prefix_hit_tokens += num_hit
         return num_hit
 
+    def num_cached_tokens(self, token_ids: list[int]) -> int:
+        """Prompt tokens of `token_ids` the device's prefix cache holds now: what
+        `match_prefix` would hit if the request were scheduled at once. Reads only (two
+        dict lookups a block), so another thread may ask between or during steps, as
+        admission does; the answer may be a step stale."""
+        if not self.is_prefix_caching:
+            return 0
+        num_blocks = num_matchable_blocks(len(token_ids), self.block_size)
+        num_hit = 0
+        for block_hash in prefix_hashes(token_ids[: num_blocks * self.block_size], self.block_size):
+            if self.device.lookup(block_hash) is None:
+                break
+            num_hit += 1
+        return num_hit * self.block_size
+
     def _extend_hashes(self, request: Request, table: BlockTables) -> None:
         num_full = request.num_tokens // self.block_size
         for i in range(len(table.block_hashes), num_full):
@@ -189,7 +205,7 @@ class TwoTierKVManager:
             tokens = request.token_ids_slice(i * self.block_size, (i + 1) * self.block_size)
             if min(tokens) < 0:  # a placeholder of a token still being sampled
                 return
-            table.block_hashes.append(hash((parent, tuple(tokens))))
+            table.block_hashes.append(chain_hash(parent, tokens))
 
     # --- after a forward ------------------------------------------------------------------
     def on_tokens_computed(self, request: Request) -> None:
