@@ -162,12 +162,13 @@ def routing_run(args: argparse.Namespace, routing: str, repeat: int, tmp: Path) 
     try:
         server.wait_ready()
         subprocess.run([*SUPERINFER, "bench", "serve", "--base-url", server.url,
-                        "--endpoint", "/v1/chat/completions", "--dataset-name", "sharegpt",
+                        "--endpoint", "/v1/chat/completions", "--dataset-name", args.dataset,
                         "--request-rate", str(args.rate), "--duration", str(args.duration),
                         "--seed", str(args.seed), *targets_args(args), "--num-warmups", "2",
                         "--save-result", "--result-dir", str(keep), "--result-filename",
                         out.name, "--label", routing, "--disable-tqdm"],
                        cwd=args.repo, env=offline_env(), check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+        prefix = prefix_cache(server.url)
     finally:
         shutdown_s = server.stop()
     result = json.loads(out.read_text())
@@ -177,7 +178,21 @@ def routing_run(args: argparse.Namespace, routing: str, repeat: int, tmp: Path) 
             "output_throughput", "median_ttft_ms", "p90_ttft_ms", "median_tpot_ms")  # fmt: skip
     return {"routing": routing, "repeat": repeat, "shutdown_s": round(shutdown_s, 2),
             **{k: result.get(k) for k in keys}, "all_met_by_class": by_class,
-            "served_by_replica": served_by_replica(keep / f"{name}.slo.jsonl")}  # fmt: skip
+            "served_by_replica": served_by_replica(keep / f"{name}.slo.jsonl"),
+            "prefix_cache": prefix}  # fmt: skip
+
+
+def prefix_cache(url: str) -> dict[str, float]:
+    """Prompt tokens looked up in the replicas' prefix caches and found there (warm-ups
+    included), from the router's /metrics (every replica's counters, summed)."""
+    text = httpx.get(url + "/metrics", timeout=30).text
+    totals = {"queries": 0.0, "hits": 0.0}
+    for line in text.splitlines():
+        for key in totals:
+            if line.startswith(f"vllm:prefix_cache_{key}_total"):
+                totals[key] += float(line.rsplit(" ", 1)[1])
+    totals["hit_rate"] = round(totals["hits"] / totals["queries"], 3) if totals["queries"] else 0.0
+    return totals
 
 
 def served_by_replica(slo_log: Path) -> dict[str, dict[str, int]]:
@@ -206,6 +221,11 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dataset", default="sharegpt", choices=("sharegpt", "sharegpt-multiturn"),
+                        help="the routing runs' requests: ShareGPT's first turns, or its "
+                        "conversations, each turn resending the history with the answers "
+                        "10 s after the last answer (what a replica's prefix cache can "
+                        "hold)")  # fmt: skip
     parser.add_argument("--uniform", action="store_true", help="every request TTFT 1 s / TBT "
                         "200 ms instead of the gold/silver/bronze mix")  # fmt: skip
     parser.add_argument("--skip-overhead", action="store_true")
@@ -227,6 +247,7 @@ def main() -> None:
     args.replica_args = args.replica_args.split()
     mix = "uniform: TTFT 1 s, TBT 200 ms" if args.uniform else MIX
     summary: dict[str, Any] = {"cpus": os.cpu_count(), "rate": args.rate, "mix": mix,
+                               "dataset": args.dataset,
                                "duration": args.duration, "seed": args.seed,
                                "replica_args": args.replica_args,
                                "repo": str(args.repo)}  # fmt: skip

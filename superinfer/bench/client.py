@@ -38,6 +38,13 @@ class RequestSpec:
     max_tokens: int
     targets: SLOTargets
     arrival_s: float  # scheduled send time, seconds from the start of the run
+    # a conversation's turn (multi-turn workloads): its texts so far, human turns and
+    # reference replies alternating, and its (conversation, turn) numbers
+    turns: tuple[str, ...] = ()
+    turn: tuple[int, int] | None = None
+    # a later turn is sent this long after the conversation's previous turn ended (a user
+    # reads, then types), not at `arrival_s`, which is then when it would come at the earliest
+    think_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -72,6 +79,7 @@ class RequestResult:
     server_slo: dict[str, Any] | None = None
     num_chars: int = 0
     estimated_ttft_ms: float | None = None  # the server's admission estimate, if it gave one
+    text: list[str] = field(default_factory=list)  # the streamed text, chunk by chunk
 
     @property
     def outcome(self) -> str:
@@ -82,7 +90,24 @@ class RequestResult:
         return ABORTED
 
 
-def request_body(spec: RequestSpec, options: RequestOptions) -> dict[str, Any]:
+Answers = dict[tuple[int, int], str]  # (conversation, turn) -> the reply the server gave
+
+
+def chat_messages(spec: RequestSpec, answers: Answers | None = None) -> list[dict[str, str]]:
+    """The request as chat messages: one user message, or a conversation so far, where
+    each earlier turn's reply is the one the server streamed for it if that ended before
+    this turn is sent (as a chat client resends its history), else the reference reply."""
+    if not spec.turns or spec.turn is None:
+        return [{"role": "user", "content": spec.prompt}]
+    answers = answers or {}
+    conversation = spec.turn[0]
+    return [{"role": "user", "content": text} if i % 2 == 0 else
+             {"role": "assistant", "content": answers.get((conversation, i // 2), text)}
+             for i, text in enumerate(spec.turns)]  # fmt: skip
+
+
+def request_body(spec: RequestSpec, options: RequestOptions, answers: Answers | None = None
+                 ) -> dict[str, Any]:  # fmt: skip
     """The JSON body: streaming with usage, `ignore_eos`, `max_tokens`, and the SLO."""
     body: dict[str, Any] = {
         "model": options.model,
@@ -93,7 +118,7 @@ def request_body(spec: RequestSpec, options: RequestOptions) -> dict[str, Any]:
         "ignore_eos": options.ignore_eos,
     }
     if options.is_chat:
-        body["messages"] = [{"role": "user", "content": spec.prompt}]
+        body["messages"] = chat_messages(spec, answers)
     else:
         body["prompt"] = spec.prompt
     if options.slo_transport in ("both", "body"):
@@ -110,12 +135,13 @@ def request_headers(spec: RequestSpec, options: RequestOptions) -> dict[str, str
     return headers
 
 
-async def send(client: httpx.AsyncClient, spec: RequestSpec, options: RequestOptions
-               ) -> RequestResult:  # fmt: skip
+async def send(client: httpx.AsyncClient, spec: RequestSpec, options: RequestOptions,
+               answers: Answers | None = None) -> RequestResult:  # fmt: skip
     """Send one streaming request and time its chunks; never raises for HTTP or transport
-    errors (they are recorded in the result)."""
+    errors (they are recorded in the result). A conversation's turn reads its earlier
+    replies from `answers`, and leaves its own there once it finished."""
     result = RequestResult(spec)
-    body, headers = request_body(spec, options), request_headers(spec, options)
+    body, headers = request_body(spec, options, answers), request_headers(spec, options)
     result.send_time = time.perf_counter()
     try:
         async with client.stream("POST", options.url, json=body, headers=headers) as response:
@@ -130,6 +156,8 @@ async def send(client: httpx.AsyncClient, spec: RequestSpec, options: RequestOpt
     result.end_time = time.perf_counter()
     if result.status == 200 and result.finish_reason is None and not result.error:
         result.error = "the stream ended without a finish reason"
+    if answers is not None and spec.turn is not None and result.outcome == FINISHED:
+        answers[spec.turn] = "".join(result.text)
     return result
 
 
@@ -174,6 +202,7 @@ def _read_chunk(chunk: dict[str, Any], now: float, result: RequestResult, is_cha
         if text:
             result.chunk_times.append(now)
             result.num_chars += len(text)
+            result.text.append(text)
         if choice.get("finish_reason"):
             result.finish_reason = choice["finish_reason"]
     usage = chunk.get("usage")

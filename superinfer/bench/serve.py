@@ -23,7 +23,14 @@ from typing import Any
 
 import httpx
 
-from superinfer.bench.client import RequestOptions, RequestResult, RequestSpec, send, to_record
+from superinfer.bench.client import (
+    Answers,
+    RequestOptions,
+    RequestResult,
+    RequestSpec,
+    send,
+    to_record,
+)
 from superinfer.bench.scrape import MetricsPoller
 from superinfer.bench.workload import Workload
 from superinfer.slo.classes import load_slo_config
@@ -139,26 +146,48 @@ async def _dispatch(client: httpx.AsyncClient, specs: list[RequestSpec], request
 
     limit = asyncio.Semaphore(options.max_concurrency) if options.max_concurrency else None
     bar = tqdm(total=len(specs), disable=options.disable_tqdm, file=sys.stderr, unit="req")
+    answers: Answers = {}  # a conversation's replies, which its next turns send back
 
     async def one(spec: RequestSpec) -> RequestResult:
         if limit is None:
-            result = await send(client, spec, request_options)
+            result = await send(client, spec, request_options, answers)
         else:
             async with limit:
-                result = await send(client, spec, request_options)
+                result = await send(client, spec, request_options, answers)
         bar.update(1)
         return result
 
-    tasks = []
+    async def at_arrival(spec: RequestSpec) -> RequestResult:
+        await asyncio.sleep(max(0.0, start + spec.arrival_s - time.perf_counter()))
+        return await one(spec)
+
+    async def conversation(turns: list[RequestSpec]) -> list[RequestResult]:
+        """A conversation's turns in order, each `think_s` after the previous one ended
+        (one without `think_s` at its arrival)."""
+        results = []
+        for spec in turns:
+            if spec.think_s is None or not results:
+                results.append(await at_arrival(spec))
+            else:
+                await asyncio.sleep(spec.think_s)
+                results.append(await one(spec))
+        return results
+
+    conversations: dict[int, list[RequestSpec]] = {}
+    alone: list[RequestSpec] = []
     for spec in specs:
-        delay = start + spec.arrival_s - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one(spec)))
+        if spec.turn is not None:
+            conversations.setdefault(spec.turn[0], []).append(spec)
+        else:
+            alone.append(spec)
     try:
-        return list(await asyncio.gather(*tasks))
+        done = await asyncio.gather(*(at_arrival(spec) for spec in alone),
+                                    *(conversation(turns) for turns in conversations.values()))  # fmt: skip
     finally:
         bar.close()
+    by_id = {r.spec.request_id: r for r in done[: len(alone)]}
+    by_id.update((r.spec.request_id, r) for turns in done[len(alone) :] for r in turns)
+    return [by_id[spec.request_id] for spec in specs]
 
 
 # --- the result ---------------------------------------------------------------------------

@@ -8,6 +8,7 @@ and policy. ShareGPT sampling and Poisson arrivals are the simulator's
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,21 +31,31 @@ class Workload:
 
 def build_workload(config: WorkloadConfig, tokenizer) -> Workload:
     """Sample the requests, their arrival times and their targets."""
+    turn_ids: list[tuple[int, int] | None] = []
     if config.trace_replay:
         arrivals, requests, num_dropped = _replay(config, tokenizer)
+    elif config.dataset_name == "sharegpt-multiturn":
+        (arrivals, requests, turn_ids), num_dropped = _sessions(config, tokenizer), 0
     else:
         arrivals = _arrivals(config)
         requests, num_dropped = _sample(config, tokenizer, len(arrivals))
+    turn_ids = turn_ids or [None] * len(requests)
     requests = datasets.cap_outputs(requests, config.max_output_tokens)
     mix = parse_class_mix(config.slo_classes) if config.slo_classes else None
     targets = request_targets(len(requests), mix, load_slo_config(config.slo_config),
                               config.ttft_slo_ms, config.tbt_slo_ms, config.max_latency_slo_ms,
                               seed=config.seed)  # fmt: skip
-    specs = [
-        RequestSpec(f"bench-{i}", r.prompt, r.num_prompt_tokens, r.num_output_tokens, t, at)
-        for i, (r, t, at) in enumerate(zip(requests, targets, arrivals))
-    ]
+    specs = [_spec(i, r, t, at, turn, config.turn_gap)
+             for i, (r, t, at, turn) in enumerate(zip(requests, targets, arrivals, turn_ids))]  # fmt: skip
     return Workload(specs, num_dropped, {"class_mix": mix})
+
+
+def _spec(index: int, request: datasets.SampledRequest, targets, arrival_s: float,
+          turn: tuple[int, int] | None, turn_gap: float) -> RequestSpec:  # fmt: skip
+    think_s = turn_gap if turn is not None and turn[1] > 0 else None  # a later turn's wait
+    return RequestSpec(f"bench-{index}", request.prompt, request.num_prompt_tokens,
+                       request.num_output_tokens, targets, arrival_s, request.turns, turn,
+                       think_s)  # fmt: skip
 
 
 def _arrivals(config: WorkloadConfig) -> list[float]:
@@ -53,6 +64,28 @@ def _arrivals(config: WorkloadConfig) -> list[float]:
                                config.seed)  # fmt: skip
     return generated_arrivals(config.num_prompts, config.request_rate, config.burstiness,
                               config.seed)  # fmt: skip
+
+
+def _sessions(config: WorkloadConfig, tokenizer) -> tuple[list[float], list, list]:
+    """Conversations starting at Poisson (or --burstiness) times at `request_rate` / mean
+    turns, so that turns come at `request_rate` on average. Turn k > 0 is sent
+    `turn_gap` after turn k-1 ended (the client's closed loop, `think_s`); its arrival
+    here, `turn_gap` after turn k-1's, orders the list and is the earliest it can come.
+    Every turn of a conversation that starts within --duration is sent (the run goes on
+    until the last ends); with --num-prompts, the first that many turns by that order.
+    Each comes with its (conversation, turn) numbers."""
+    num_requests = len(_arrivals(config))
+    sessions = datasets.sample_sharegpt_sessions(tokenizer, num_requests, config.seed,
+                                                 config.limits)  # fmt: skip
+    mean_turns = sum(len(s.turns) for s in sessions) / len(sessions)
+    per_session = dataclasses.replace(config, request_rate=config.request_rate / mean_turns)
+    starts = _arrivals(per_session)[: len(sessions)]
+    timed = sorted((start + k * config.turn_gap, i, k)
+                   for i, start in enumerate(starts) for k in range(len(sessions[i].turns)))  # fmt: skip
+    if config.duration is None:
+        timed = timed[: config.num_prompts]
+    return ([at for at, _, _ in timed], [sessions[i].turns[k] for _, i, k in timed],
+            [(i, k) for _, i, k in timed])  # fmt: skip
 
 
 def _replay(config: WorkloadConfig, tokenizer) -> tuple[list[float], list, int]:

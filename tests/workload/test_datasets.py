@@ -118,6 +118,39 @@ def test_workload_replays_the_azure_trace(tokenizer):
     )
 
 
+def test_multi_turn_sessions_resend_their_history(tokenizer):
+    sessions = datasets.sample_sharegpt_sessions(tokenizer, 5, seed=3, limits=LIMITS)
+    assert len(sessions) == 5
+    for session in sessions:
+        assert len(session.turns) >= 2
+        for before, after in itertools.pairwise(session.turns):
+            assert after.prompt.startswith(before.prompt + "\n\n")
+            assert after.num_prompt_tokens > before.num_prompt_tokens
+        assert all(t.num_prompt_tokens <= 1024 and t.num_output_tokens >= 4 for t in session.turns)
+
+
+def test_multi_turn_workload_chains_turns_and_keeps_the_rate(tokenizer):
+    config = WorkloadConfig(dataset_name="sharegpt-multiturn", num_prompts=None, duration=120.0,
+                            request_rate=2.0, turn_gap=7.0, seed=1)  # fmt: skip
+    work = build_workload(config, tokenizer)
+    times = [s.arrival_s for s in work.specs]
+    assert times == sorted(times) and times[0] >= 0
+    assert 120 <= len(times) <= 360  # Poisson conversations: 240 turns expected
+    by_turn = {s.turn: s for s in work.specs}
+    for spec in work.specs:
+        conversation, index = spec.turn
+        if index == 0:  # sent at its arrival, within the run
+            assert spec.think_s is None and spec.arrival_s < 120.0
+            continue
+        before = by_turn[conversation, index - 1]  # every turn of a conversation is sent
+        assert spec.think_s == 7.0 and spec.arrival_s == pytest.approx(before.arrival_s + 7.0)
+        assert spec.prompt.startswith(before.prompt + "\n\n")
+        assert spec.turns[: len(before.turns)] == before.turns
+    again = build_workload(config, tokenizer)
+    assert [(s.prompt, s.arrival_s) for s in again.specs] == [
+        (s.prompt, s.arrival_s) for s in work.specs]  # fmt: skip
+
+
 def test_workload_config_checks():
     with pytest.raises(ValueError):
         WorkloadConfig(dataset_name="sharegpt", trace_replay=True)
