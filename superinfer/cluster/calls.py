@@ -54,4 +54,13 @@ def demand_of(
         deadline_s=None if deadline is None else max(floor, deadline / 1000 - elapsed_s),
         slo_class=targets.slo_class,
         ttft_deadline=arrival_wall + targets.ttft_s,
+        prompt_token_ids=_prefix_cacheable(prepared),
     )
+
+
+def _prefix_cacheable(prepared: PreparedRequest) -> tuple[int, ...]:
+    """The prompt tokens a replica's prefix cache may hold (none when the request asks for
+    its prompt's log-probabilities: every position runs through the model then)."""
+    if prepared.params.prompt_logprobs is not None:
+        return ()
+    return tuple(prepared.prompt_token_ids)

@@ -148,7 +148,8 @@ class ReplicaSet:
             return drawn + [r for r in live if r not in drawn]
         loads = [r.load for r in live if r.load is not None]
         by_id = {r.replica_id: r for r in live}
-        return [by_id[i] for i in rank_replicas(loads, demand, self.routed.unreported(loads))]
+        order = rank_replicas(loads, demand, self.routed.unreported(loads), self.routed.prefixes)
+        return [by_id[i] for i in order]
 
     def mark_down(self, replica: Replica) -> None:
         """Out of routing until its next poll answers (it refused a connection)."""
@@ -348,11 +349,12 @@ async def _dispatch(
         forwarded[ELAPSED_HEADER] = f"{1000 * (time.monotonic() - arrival.monotonic):.3f}"
         upstream = state.client.build_request("POST", replica.url + request.url.path,
                                               content=raw, headers=forwarded)  # fmt: skip
-        replicas.routed.add(prepared.request_id, replica.replica_id, demand, time.time())
+        replicas.routed.add(prepared.request_id, replica.replica_id, demand, time.time(),
+                            replica.load)  # fmt: skip
         try:
             response = await state.client.send(upstream, stream=True)
         except httpx.HTTPError as error:  # never admitted: safe to try the next one
-            replicas.routed.remove(prepared.request_id, time.time())
+            replicas.routed.remove(prepared.request_id, time.time(), is_refused=True)
             logger.warning("replica %s unreachable for %s: %r", replica.replica_id,
                            prepared.request_id, error)  # fmt: skip
             replicas.mark_down(replica)
@@ -360,7 +362,7 @@ async def _dispatch(
         if response.status_code not in ROUTER_RETRIES:
             state.num_inflight += 1
             return _Sent(state, prepared, arrival, replica, response)
-        replicas.routed.remove(prepared.request_id, time.time())
+        replicas.routed.remove(prepared.request_id, time.time(), is_refused=True)
         refusal = await _refusal_of(response)
         if response.status_code != 503:  # a draining replica refused nothing
             refusals.append(refusal)

@@ -38,10 +38,12 @@ class SlackRequestRouter(RequestRouter):
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         loads = [ReplicaLoad.from_stats(replica_id, r.routing_stats or {})
                  for replica_id, r in by_id.items() if replica_id not in call.exclude]  # fmt: skip
-        order = rank_replicas(loads, call.demand, self._routed.unreported(loads))
+        order = rank_replicas(loads, call.demand, self._routed.unreported(loads),
+                              self._routed.prefixes)  # fmt: skip
         if order:  # counted against its replica until it completes (or a report covers it)
             request_id = pending_request.metadata.internal_request_id
-            self._routed.add(request_id, order[0], call.demand, time.time())
+            chosen = next(load for load in loads if load.replica_id == order[0])
+            self._routed.add(request_id, order[0], call.demand, time.time(), chosen)
         return [[by_id[replica_id]] for replica_id in order]
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:

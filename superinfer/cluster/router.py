@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from superinfer.cluster.prefix_index import PrefixIndex
 from superinfer.slo.estimate import Correction, Decoding, EngineLoad, Estimator, Queued
 
 QUEUE_FULL, SLO_INFEASIBLE = "queue_full", "slo_infeasible"
@@ -131,6 +132,8 @@ class Demand:
     deadline_s: float | None = None  # end-to-end budget left
     slo_class: str | None = None
     ttft_deadline: float = math.inf  # Unix time: its place in a queue ordered by deadline
+    prompt_token_ids: tuple[int, ...] = field(default=(), repr=False)  # for the prefix index
+    num_cached_tokens: int = 0  # of its prompt, in the prefix cache of the replica estimated
 
     def as_queued(self) -> Queued:
         """This request, waiting in a replica's queue (deadline on the Unix clock)."""
@@ -163,12 +166,12 @@ def predict(load: ReplicaLoad, demand: Demand, unreported: Sequence[Queued] = ()
     between tokens of the batch it joins, and the room left to the promises made there
     (module docstring)."""
     engine, estimator = _with(load, unreported), load.estimator
-    first = estimator.first_token(
-        engine, demand.num_prompt_tokens, demand.slo_class, demand.ttft_deadline
-    )
+    first = estimator.first_token(engine, demand.num_prompt_tokens, demand.slo_class,
+                                  demand.ttft_deadline, demand.num_cached_tokens)  # fmt: skip
     ttft = load.expected_ttft_s(first.raw_s, demand.slo_class)
     between = estimator.tpot(engine, demand.num_prompt_tokens, demand.max_tokens,
-                             demand.slo_class, demand.ttft_deadline, demand.tbt_s or 0.0)  # fmt: skip
+                             demand.slo_class, demand.ttft_deadline, demand.tbt_s or 0.0,
+                             num_cached_tokens=demand.num_cached_tokens)  # fmt: skip
     # the requests rotated out to the host tier take their turns in the batch, a row each
     tbt = between.tpot_s + load.num_swapped * engine.decode_row_s
     shared = dataclasses.replace(engine, step_time_s=tbt)
@@ -200,14 +203,21 @@ def rank_replicas(
     loads: Sequence[ReplicaLoad],
     demand: Demand,
     unreported: Mapping[str, Sequence[Queued]] | None = None,
+    prefixes: PrefixIndex | None = None,
 ) -> list[str]:
     """Replica ids, best first: those with room in their queue before full ones, then
-    more slack on their estimates first; ties by the shorter queue, then by id."""
+    more slack on their estimates first; ties by the shorter queue, then by id. With
+    `prefixes`, each replica's estimate leaves out the prompt's prefix it is likely to hold."""
     unreported = unreported or {}
 
     def key(load: ReplicaLoad) -> tuple[bool, float, int, str]:
         extra = unreported.get(load.replica_id, ())
-        value = slack(predict(load, demand, extra), demand)
+        cached = 0
+        if prefixes is not None and demand.prompt_token_ids:
+            cached = prefixes.num_cached_tokens(load.replica_id, demand.prompt_token_ids,
+                                                load.engine.block_size)  # fmt: skip
+        value = slack(predict(load, dataclasses.replace(demand, num_cached_tokens=cached), extra),
+                      demand)  # fmt: skip
         queued = load.engine.num_queued + len(extra)
         return is_queue_full(load, demand, extra), -value, queued, load.replica_id
 
@@ -219,23 +229,38 @@ class _Routed:
     replica_id: str
     queued: Queued  # the request as it waits there (deadline on the Unix clock)
     routed_at: float  # Unix time
+    new_blocks: tuple[int, ...] = ()  # prompt blocks it added to the prefix index
 
 
 class RoutedSince:
     """The requests a router sent to each replica and that have not completed: those sent
     after the replica's last report are not in its reported load yet, so the router
-    queues them there itself (`unreported`), and a burst between two reports spreads out."""
+    queues them there itself (`unreported`), and a burst between two reports spreads out.
+    Their prompts go into `prefixes`, the blocks each replica's prefix cache likely holds."""
 
     MAX_OPEN, OPEN_TTL_S = 10_000, 600.0
 
     def __init__(self) -> None:
         self._open: dict[str, _Routed] = {}
+        self.prefixes = PrefixIndex()
 
-    def add(self, request_id: str, replica_id: str, demand: Demand, now: float) -> None:
-        self._open[request_id] = _Routed(replica_id, demand.as_queued(), now)
+    def add(self, request_id: str, replica_id: str, demand: Demand, now: float,
+            load: ReplicaLoad | None = None) -> None:  # fmt: skip
+        """`demand` sent to `replica_id` (whose last report is `load`: its block size and
+        pool bound the prefix index; None: its prompt is not indexed)."""
+        new_blocks: list[int] = []
+        if load is not None and demand.prompt_token_ids:
+            engine = load.engine
+            new_blocks = self.prefixes.add(replica_id, demand.prompt_token_ids, engine.block_size,
+                                           engine.num_device_blocks)  # fmt: skip
+        self._open[request_id] = _Routed(replica_id, demand.as_queued(), now, tuple(new_blocks))
 
-    def remove(self, request_id: str, now: float) -> None:
-        self._open.pop(request_id, None)
+    def remove(self, request_id: str, now: float, is_refused: bool = False) -> None:
+        """The request completed, or the replica refused it (`is_refused`: it computed none
+        of the prompt blocks it brought to the index)."""
+        routed = self._open.pop(request_id, None)
+        if routed is not None and is_refused:
+            self.prefixes.discard(routed.replica_id, routed.new_blocks)
         if len(self._open) > self.MAX_OPEN:  # requests cancelled before they were sent
             horizon = now - self.OPEN_TTL_S
             self._open = {k: v for k, v in self._open.items() if v.routed_at > horizon}

@@ -170,6 +170,8 @@ def test_a_refused_request_tries_the_next_replica_up_to_its_attempts(max_attempt
     request = Request({"type": "http", "method": "POST", "path": "/v1/completions",
                        "headers": [], "query_string": b""})  # fmt: skip
     prepared = SimpleNamespace(request_id="r1", num_prompt_tokens=100,
+                               prompt_token_ids=list(range(100)),
+                               params=SimpleNamespace(prompt_logprobs=None),
                                slo=SimpleNamespace(targets=SLOTargets(1000.0, 200.0)))  # fmt: skip
     arrival = Arrival(0.0, 0.0)
 

@@ -7,11 +7,13 @@ import dataclasses
 
 import pytest
 
+from superinfer.cluster.prefix_index import PrefixIndex
 from superinfer.cluster.router import (
     QUEUE_FULL,
     Demand,
     Refusal,
     ReplicaLoad,
+    RoutedSince,
     learned_factors,
     merge_rejections,
     on_wall_clock,
@@ -214,3 +216,65 @@ def test_merged_rejection_prefers_retry_later_when_a_queue_was_the_reason():
     merged = merge_rejections([infeasible, *full])
     assert (merged.status, merged.code, merged.headers["Retry-After"]) == (429, QUEUE_FULL, "2")
     assert (merged.reason, merged.estimated_ttft_ms) == (QUEUE_FULL, 200.0)
+
+
+# --- the prefix index ---------------------------------------------------------------------
+HISTORY = list(range(1000, 1320))  # 20 blocks of 16
+
+
+def test_the_index_counts_the_leading_blocks_a_replica_was_sent():
+    index = PrefixIndex()
+    index.add("a", HISTORY, 16, capacity=0)
+    follow_up = HISTORY + list(range(7, 107))
+    assert index.num_cached_tokens("a", follow_up, 16) == 320
+    assert index.num_cached_tokens("b", follow_up, 16) == 0
+    # the last token is always computed, so an exact repeat hits all but its last block
+    assert index.num_cached_tokens("a", HISTORY, 16) == 304
+    # a different first block breaks the chain, whatever follows
+    assert index.num_cached_tokens("a", [0] + HISTORY[1:] + [5], 16) == 0
+
+
+def test_the_index_forgets_the_least_recently_routed_past_the_pool():
+    index = PrefixIndex()
+    index.add("a", HISTORY, 16, capacity=30)
+    index.add("a", list(range(5000, 5320)), 16, capacity=30)  # 20 more: 10 of HISTORY go
+    assert index.num_blocks("a") == 30
+    assert index.num_cached_tokens("a", HISTORY + [1], 16) == 0  # its first blocks went first
+    index.add("a", HISTORY[:160], 16, capacity=30)  # routed again: most recent now
+    assert index.num_cached_tokens("a", HISTORY[:160] + [1], 16) == 160
+
+
+def test_a_refused_request_takes_back_only_the_blocks_it_brought():
+    routed = RoutedSince()
+    load = _load("a", block_size=16, num_device_blocks=1000)
+    routed.add("r1", "a", dataclasses.replace(DEMAND, prompt_token_ids=tuple(HISTORY[:160])),
+               0.0, load)  # fmt: skip
+    routed.add("r2", "a", dataclasses.replace(DEMAND, prompt_token_ids=tuple(HISTORY)), 0.0, load)
+    routed.remove("r2", 1.0, is_refused=True)
+    assert routed.prefixes.num_cached_tokens("a", HISTORY + [1], 16) == 160
+    routed.remove("r1", 1.0)  # served: its blocks stay
+    assert routed.prefixes.num_cached_tokens("a", HISTORY + [1], 16) == 160
+
+
+def test_a_conversation_goes_back_where_its_history_is_cached():
+    """Equal loads: the replica that holds the history estimates a shorter prefill, so
+    the next turn goes there; power-of-two would pick either."""
+    loads = [_load(name, num_queued=2, num_queued_tokens=400, block_size=16) for name in "ab"]
+    index = PrefixIndex()
+    index.add("b", HISTORY, 16, capacity=0)
+    turn = dataclasses.replace(DEMAND, num_prompt_tokens=420,
+                               prompt_token_ids=tuple(HISTORY + list(range(100))))  # fmt: skip
+    assert rank_replicas(loads, turn) == ["a", "b"]  # without the index: a tie, by id
+    assert rank_replicas(loads, turn, prefixes=index) == ["b", "a"]
+    on_b = predict(loads[1], dataclasses.replace(turn, num_cached_tokens=320))
+    # 320 tokens less to compute, and the 500 left fit one 512-token step instead of two
+    assert predict(loads[1], turn).ttft_s - on_b.ttft_s == pytest.approx(320 * PREFILL + STEP)
+
+
+def test_the_replicas_admission_and_the_router_agree_on_a_cached_prefix():
+    load = _load("a", num_queued=1, num_queued_tokens=300)
+    admission = Admission(100, 1 << 30)
+    expected = admission.estimate(load.engine, AdmissionDemand(420, 20, num_cached_tokens=320))
+    turn = dataclasses.replace(DEMAND, num_prompt_tokens=420, num_cached_tokens=320)
+    routed = predict(load, turn)
+    assert routed.ttft_s == pytest.approx(expected.raw_s)
