@@ -57,10 +57,12 @@ def test_both_replicas_serve_and_every_request_is_logged_once(cluster):
     # prompts long enough that each one routed adds real prefill to a replica's estimate:
     # six 6-token prompts barely move it, and the SLO router may then keep them all on the
     # replica whose estimate was lower to begin with (seen once in a full-suite run)
-    long_prompt = {**PROMPT, "prompt": "The capital of France is Paris. " * 40}
+    # Each prompt begins differently: the router's prefix index sends a prompt it already
+    # sent back to the replica that holds it, which would rightly keep copies together
     ids = [f"spread-{i}" for i in range(6)]
     threads = [threading.Thread(target=cluster.post, args=("/v1/completions",
-               {**long_prompt, "max_tokens": 16, "request_id": rid})) for rid in ids]  # fmt: skip
+               {**PROMPT, "prompt": f"Request {rid}. " + "The capital of France is Paris. " * 40,
+                "max_tokens": 16, "request_id": rid})) for rid in ids]  # fmt: skip
     for thread in threads:
         thread.start()
     for thread in threads:
