@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from superinfer.core.kv.prefix import num_matchable_blocks, prefix_hashes
+from superinfer.core.kv.prefix import cached_prefix_tokens, prefix_hashes
 
 
 class PrefixIndex:
@@ -29,13 +29,7 @@ class PrefixIndex:
         blocks = self._blocks.get(replica_id)
         if not blocks or block_size < 1:
             return 0
-        num_blocks = num_matchable_blocks(len(token_ids), block_size)
-        num_hit = 0
-        for name in prefix_hashes(token_ids[: num_blocks * block_size], block_size):
-            if name not in blocks:
-                break
-            num_hit += 1
-        return num_hit * block_size
+        return cached_prefix_tokens(token_ids, block_size, blocks.__contains__)
 
     def add(
         self, replica_id: str, token_ids: Sequence[int], block_size: int, capacity: int

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 
 from superinfer.core.kv.block_pool import BlockPool
 from superinfer.core.kv.errors import KVInvariantError
-from superinfer.core.kv.prefix import chain_hash, num_matchable_blocks, prefix_hashes
+from superinfer.core.kv.prefix import cached_prefix_tokens, chain_hash, num_matchable_blocks
 from superinfer.core.kv.transfer import Direction, TransferSpec
 from superinfer.core.request import Request, RequestStatus
 
@@ -190,13 +190,8 @@ class TwoTierKVManager:
         admission does; the answer may be a step stale."""
         if not self.is_prefix_caching:
             return 0
-        num_blocks = num_matchable_blocks(len(token_ids), self.block_size)
-        num_hit = 0
-        for block_hash in prefix_hashes(token_ids[: num_blocks * self.block_size], self.block_size):
-            if self.device.lookup(block_hash) is None:
-                break
-            num_hit += 1
-        return num_hit * self.block_size
+        return cached_prefix_tokens(token_ids, self.block_size,
+                                 lambda name: self.device.lookup(name) is not None)  # fmt: skip
 
     def _extend_hashes(self, request: Request, table: BlockTables) -> None:
         num_full = request.num_tokens // self.block_size

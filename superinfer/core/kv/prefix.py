@@ -7,7 +7,7 @@ cache holds without asking it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 
 def chain_hash(parent: int, tokens: Sequence[int]) -> int:
@@ -28,3 +28,16 @@ def num_matchable_blocks(num_tokens: int, block_size: int) -> int:
     """Full blocks of a prompt a cache hit may cover: the last token is always computed,
     because the model needs it to produce the next token's logits."""
     return max(0, num_tokens - 1) // block_size
+
+
+def cached_prefix_tokens(token_ids: Sequence[int], block_size: int,
+                      is_cached: Callable[[int], bool]) -> int:  # fmt: skip
+    """Leading tokens of a prompt whose full blocks `is_cached` knows by name, stopping at
+    the first it does not, and never the last token (`num_matchable_blocks`)."""
+    num_blocks = num_matchable_blocks(len(token_ids), block_size)
+    num_hit = 0
+    for name in prefix_hashes(token_ids[: num_blocks * block_size], block_size):
+        if not is_cached(name):
+            break
+        num_hit += 1
+    return num_hit * block_size
