@@ -16,7 +16,9 @@ class order and the TTFT correction it learned), so the router's figures are the
   share (the running requests, those queued or routed since the last report, and this
   one, at the step-time model's cost per row; a replica without a fitted model is priced
   as if its step grew in proportion to its batch), with the prefill that will run in its
-  steps, plus a row for each request rotated out to the host tier (it takes its turns);
+  steps (the prompts' tokens and their attention pairs: a long conversation's history
+  costs more than its length), plus a row for each request rotated out to the host tier
+  (it takes its turns);
 - end to end: that TTFT, then that time between tokens per further token (admission's
   `finish_s` on a step that holds the batch: a burst that joins one replica slows every
   token there, not only its first, so it spreads even when no target is set);

@@ -44,13 +44,17 @@ over a request's whole output:
                               + its remaining tokens x a decode step (of the batch
                                 once the queued requests join it, by the per-row cost)
                               + the prefill that will run in its steps (all pending
-                                prompt tokens x the prefill cost, at most one step's
-                                token budget in each of its remaining steps)
+                                prompts' tokens and attention pairs x their prefill
+                                costs, at most one step's token budget in each of its
+                                remaining steps)
 
 A new request is refused when its own mean gap would exceed its TBT target, or when its
-prompt would push a decoding request of its class or above from within its TPOT budget
-(the TBT target times its gaps) to past it: a promise already made is not broken to make
-a new one. Lower classes are not counted (they make room by rotation).
+prompt would push a decoding request of its class or above past its TPOT budget (the TBT
+target times its gaps, times the headroom admission plans with): a promise already made
+is not broken to make a new one. Lower classes are not counted (they make room by
+rotation). A request already estimated past its whole budget refuses no one (its promise
+is lost wherever the newcomer goes); one within its budget but past the headroom refuses
+every newcomer that would slow it further.
 
 The correction (`Correction`) learns from every admitted request how its measured TTFT
 compares with its estimate, per class, and scales later estimates by a high quantile of
@@ -275,11 +279,10 @@ class Estimator:
         # the step once the queued requests and this one join the batch, by the per-row cost
         step_s = load.decode_only_step_s + load.num_queued * load.decode_row_s
         step_after_s = step_s + load.decode_row_s
-        per_token_s = load.prefill_s_per_token
-        chunk_s = load.num_batched_tokens * per_token_s  # the most prefill one step carries
-        queued_s = load.num_queued_tokens * per_token_s
-        pending_s = queued_s + sum(d.num_prefill_tokens for d in load.decoding) * per_token_s
-        new_s = (num_prompt_tokens - num_cached_tokens) * per_token_s
+        chunk_s = load.num_batched_tokens * load.prefill_s_per_token  # the most one step carries
+        queued_s = sum(_prefill_s(load, q.num_tokens) for q in load.queued)
+        pending_s = queued_s + sum(_prefill_s(load, d.num_prefill_tokens) for d in load.decoding)
+        new_s = _prefill_s(load, num_prompt_tokens, num_cached_tokens)
         rank = self.rank(slo_class)
         num_broken, min_slack = 0, math.inf
         for d in load.decoding:
@@ -287,9 +290,10 @@ class Estimator:
                 continue
             spent_s = load.now - d.first_token_time if d.first_token_time is not None else 0.0
             cap_s = d.num_remaining * chunk_s
-            budget_s = headroom * d.tbt_s * max(1, d.num_gaps)
+            whole_s = d.tbt_s * max(1, d.num_gaps)
+            budget_s = headroom * whole_s
             before_s = spent_s + d.num_remaining * step_s + min(pending_s, cap_s)
-            if before_s > budget_s:  # broken already, wherever this request goes
+            if before_s > whole_s:  # broken already, wherever this request goes
                 continue
             after_s = spent_s + d.num_remaining * step_after_s + min(pending_s + new_s, cap_s)
             min_slack = min(min_slack, (budget_s - after_s) / budget_s)
@@ -300,8 +304,9 @@ class Estimator:
         if max_tokens <= 1:  # one token, or a length unknown: the gap is a step's
             return TpotEstimate(step_after_s, num_broken, committed, min_slack)
         num_gaps = max_tokens - 1
-        ahead_s = sum(q.num_tokens for q in self.queue_ahead(load, slo_class, deadline))
-        behind_s = queued_s - ahead_s * per_token_s  # prefilled during its decode
+        ahead_s = sum(_prefill_s(load, q.num_tokens)
+                      for q in self.queue_ahead(load, slo_class, deadline))  # fmt: skip
+        behind_s = queued_s - ahead_s  # prefilled during its decode
         tpot_s = step_after_s + min(behind_s, num_gaps * chunk_s) / num_gaps
         return TpotEstimate(tpot_s, num_broken, committed, min_slack)
 
@@ -418,6 +423,14 @@ def kv_holds(load: EngineLoad, queued: Sequence[Queued]) -> list[KvHold]:
 def _pairs(num_tokens: int) -> float:
     """Attention (query, key) pairs of a causal prefill of the first `num_tokens` tokens."""
     return num_tokens * (num_tokens + 1) / 2
+
+
+def _prefill_s(load: EngineLoad, num_tokens: int, num_cached_tokens: int = 0) -> float:
+    """A prompt's prefill at `load`'s costs: its tokens past the cached prefix, and their
+    attention pairs (a pending prompt whose prefix is not known: at least its own)."""
+    num_pairs = _pairs(num_tokens) - _pairs(num_cached_tokens)
+    return ((num_tokens - num_cached_tokens) * load.prefill_s_per_token
+            + num_pairs * load.prefill_s_per_pair)  # fmt: skip
 
 
 def _blocks(num_tokens: int, block_size: int) -> int:

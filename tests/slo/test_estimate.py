@@ -364,6 +364,34 @@ def test_lower_classes_decoding_do_not_hold_back_higher_ones():
     assert ESTIMATOR.tpot(load, 4000, 11, "bronze", 5.0, headroom=0.9).num_broken == 1
 
 
+def test_a_promise_inside_its_budget_but_past_the_headroom_refuses_any_slowdown():
+    # a 20 s budget, 18 s with headroom 0.9; 50 tokens at 100 ms to go
+    marginal = base(decode_step_s=0.1, now=10.0, decoding=(decoding(50, 13.5),))  # 18.5 s
+    assert ESTIMATOR.tpot(marginal, 10, 11, None, 5.0, headroom=0.9).num_broken == 1
+    assert ESTIMATOR.tpot(marginal, 10, 11, None, 5.0, headroom=1.0).num_broken == 0
+    # past the whole budget it is lost wherever the newcomer goes: it refuses no one
+    lost = base(decode_step_s=0.1, now=10.0, decoding=(decoding(50, 15.5),))  # 20.5 s
+    assert ESTIMATOR.tpot(lost, 6000, 11, None, 5.0, headroom=0.9).num_broken == 0
+
+
+def test_the_prefill_in_a_promise_s_steps_counts_its_attention_pairs():
+    """A long prompt's later chunks attend to all of its earlier tokens: the TBT check
+    prices those pairs as the first-token estimate does (less a cached prefix's)."""
+    tight = decoding(remaining=50, spent_s=10.0)  # 5 s of slack, as above
+    load = base(decode_step_s=0.1, now=10.0, decoding=(tight,), prefill_s_per_pair=1e-6)
+    # 3,000 tokens: 3 s of tokens and 4.5 s of pairs
+    assert ESTIMATOR.tpot(load, 3000, 11, None, 5.0).num_broken == 1
+    assert ESTIMATOR.tpot(base(decode_step_s=0.1, now=10.0, decoding=(tight,)), 3000, 11,
+                          None, 5.0).num_broken == 0  # fmt: skip
+    # the last 500 of them new: 0.5 s of tokens, 1.4 s of their pairs with the prefix
+    assert ESTIMATOR.tpot(load, 3000, 11, None, 5.0, num_cached_tokens=2500).num_broken == 0
+    # a queued prompt's pairs are in the prefill its decode steps carry
+    queued = base(decode_step_s=0.1, now=10.0, prefill_s_per_pair=1e-6,
+                  queued=(Queued(9.0, 2000, "bronze"),))  # fmt: skip
+    behind = (2.0 + 2000 * 2001 / 2 * 1e-6) / 50  # over its 50 gaps
+    assert ESTIMATOR.tpot(queued, 100, 51, "gold", 5.0).tpot_s == pytest.approx(0.1 + behind)
+
+
 def test_the_room_left_to_promises_counts_every_class_still_on_track():
     # budgets 20 s (gold, 200 ms) and 100 s (bronze, 1 s); 10 s spent, 50 tokens of 100 ms
     gold = decoding(remaining=50, spent_s=10.0, slo_class="gold")
