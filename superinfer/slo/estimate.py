@@ -232,16 +232,14 @@ class Estimator:
         prompts = [q.num_tokens for q in ahead]
         prompts += [d.num_prefill_tokens for d in load.decoding
                     if d.num_prefill_tokens and self.rank(d.slo_class) <= rank]  # fmt: skip
-        num_new = num_prompt_tokens - num_cached_tokens
-        num_prefill = sum(prompts) + num_new
-        num_pairs = sum(n * (n + 1) / 2 for n in prompts)  # a running one's: at least
-        num_pairs += _pairs(num_prompt_tokens) - _pairs(num_cached_tokens)
+        num_prefill = sum(prompts) + num_prompt_tokens - num_cached_tokens
         budget = max(1, self.step_budget(load, slo_class))
         num_steps = -(-num_prefill // budget)
         # the prefill costs are a step's time beyond its decodes' (`PrefillCost`)
         step_s = load.decode_only_step_s
-        compute_s = (load.step_left_s + num_prefill * load.prefill_s_per_token
-                     + num_pairs * load.prefill_s_per_pair + num_steps * step_s)  # fmt: skip
+        compute_s = (load.step_left_s + sum(_prefill_s(load, n) for n in prompts)
+                     + _prefill_s(load, num_prompt_tokens, num_cached_tokens)
+                     + num_steps * step_s)  # fmt: skip
         # prompt work behind it fills what its last step has left of the budget: lower
         # classes' running prompts, the queue behind it, and arrivals meanwhile
         num_behind = sum(d.num_prefill_tokens for d in load.decoding
