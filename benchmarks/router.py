@@ -242,7 +242,9 @@ def main() -> None:
                         "own router, which gives the client the first replica's refusal); "
                         "each repeat alternates their order")  # fmt: skip
     parser.add_argument("--replica-args", default="", help="extra `superinfer serve` flags "
-                        "for both rules' servers (one string, split on spaces)")  # fmt: skip
+                        "for both rules' servers (one string, split on spaces; write "
+                        "--replica-args='--tbt-shaped-steps': argparse takes a separate "
+                        "value that starts with -- for an option)")  # fmt: skip
     args = parser.parse_args()
     args.replica_args = args.replica_args.split()
     mix = "uniform: TTFT 1 s, TBT 200 ms" if args.uniform else MIX

@@ -6,7 +6,7 @@ machine, same weights, same device KV capacity, same requests.
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/vs_vllm/run.py --dry-run  # print the commands
 
 Steps (each skipped when already done):
-1. install vLLM's CPU build in its own venv (`install_vllm.sh`);
+1. install vLLM's CPU build in its own venv (`install_vllm.sh`; only when vLLM runs);
 2. export superinfer's default model (the SmolLM2-135M-Instruct GGUF) to a Hugging Face
    directory (`export_hf.py`, which checks greedy outputs against superinfer's);
 3. size both KV pools to the same number of tokens: superinfer's device pool from
@@ -380,14 +380,16 @@ def main() -> int:
     args = parse_args()
     os.environ["HF_HUB_OFFLINE"] = "1"
     sections: list[tuple[str, list[list[str]]]] = []
-    setup = [install_command(args), export_command(args)]
+    is_vllm_run = "vllm" in args.systems  # superinfer alone needs no vLLM venv
+    setup = [install_command(args), export_command(args)] if is_vllm_run else [export_command(args)]
     if args.dry_run:
         for argv in setup:
             print(shlex.join(argv))
     else:
-        subprocess.run(setup[0], check=True)
+        if is_vllm_run:
+            subprocess.run(setup[0], check=True)
         if not (Path(args.model_dir) / "superinfer_export.json").is_file():
-            subprocess.run(setup[1], check=True)
+            subprocess.run(setup[-1], check=True)
     sections.append(("setup (each skips itself when done)", setup))
 
     capacity = kv_capacity(args)

@@ -11,7 +11,7 @@ for spec in "$@"; do
   cd "/tmp/$tree" || exit 1
   HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/router.py --skip-overhead --repeats 1 \
     --seed "${SEED:-0}" --routings "$routing" --rate "$RATE" --duration 60 \
-    --dataset "${DATASET:-sharegpt-multiturn}" --repo "/tmp/$tree" --replica-args "$EXTRA" \
+    --dataset "${DATASET:-sharegpt-multiturn}" --repo "/tmp/$tree" --replica-args="$EXTRA" \
     --keep "/tmp/mt/$name" --out "/tmp/mt/$name.json" > "/tmp/mt/$name.out" 2>&1
   echo "$(date +%T) $name done"
 done
