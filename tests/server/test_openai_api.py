@@ -106,10 +106,13 @@ def test_echo_scores_the_prompt_as_generation_scored_the_output(client, server):
     assert logprobs.tokens[num_prompt - 5 : num_prompt] == generated.logprobs.tokens
     # the server computes in bfloat16: batches of other shapes (a decode step, a prefill
     # after a prefix-cache hit) round differently, in the second decimal. Measured on
-    # these tokens against a float32 prefill: the bfloat16 decode steps are off by up to
-    # 0.108, the bfloat16 prefill by up to 0.026 (0.036 through SDPA); the two sides
-    # differed by up to 0.104.
-    assert all(abs(a - b) < 0.15 for a, b in zip(tail, generated.logprobs.token_logprobs))
+    # these tokens against a float32 prefill on an Intel Xeon with AMX: the bfloat16
+    # decode steps are off by up to 0.108, the bfloat16 prefill by up to 0.026 (0.036
+    # through SDPA); the two sides differed by up to 0.104. On an AMD EPYC without AMX
+    # (other bf16 kernels) by up to 0.156, 0.051 on average over the five. A prompt
+    # scored one position off would be off by units on most of them.
+    diffs = [abs(a - b) for a, b in zip(tail, generated.logprobs.token_logprobs)]
+    assert max(diffs) < 0.25 and sum(diffs) / len(diffs) < 0.1, diffs
     for token, top in zip(generated.logprobs.tokens, generated.logprobs.top_logprobs):
         assert token in top and len(top) <= 3  # the top 2 and the sampled token
 
