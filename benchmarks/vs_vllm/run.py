@@ -380,16 +380,17 @@ def main() -> int:
     args = parse_args()
     os.environ["HF_HUB_OFFLINE"] = "1"
     sections: list[tuple[str, list[list[str]]]] = []
-    is_vllm_run = "vllm" in args.systems  # superinfer alone needs no vLLM venv
-    setup = [install_command(args), export_command(args)] if is_vllm_run else [export_command(args)]
+    install = [install_command(args)] if "vllm" in args.systems else []  # superinfer alone: none
+    export = export_command(args)
+    setup = [*install, export]
     if args.dry_run:
         for argv in setup:
             print(shlex.join(argv))
     else:
-        if is_vllm_run:
-            subprocess.run(setup[0], check=True)
+        for argv in install:
+            subprocess.run(argv, check=True)
         if not (Path(args.model_dir) / "superinfer_export.json").is_file():
-            subprocess.run(setup[-1], check=True)
+            subprocess.run(export, check=True)
     sections.append(("setup (each skips itself when done)", setup))
 
     capacity = kv_capacity(args)
