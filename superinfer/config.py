@@ -54,6 +54,13 @@ class SchedulerConfig:
         "CUDA (the forward is asynchronous there), off on a CPU (where the forward and the "
         "scheduler compete for the same cores: steps measured 1.6-1.8x slower with it on).",
     )
+    first_token_guard: bool = opt(
+        True,
+        "Keep the other prompts' chunks in the step that produces a request's first token to "
+        "what keeps that token within its TTFT deadline, more important classes first, "
+        "priced by the step-time model the warm-up fits (docs/policies.md). On the class mix "
+        "it served more gold requests in time and a few fewer bronze ones.",
+    )
     tbt_shaped_steps: bool = opt(
         False,
         "Shape each step by the tightest time-between-tokens promise among the running "

@@ -93,11 +93,15 @@ class ReplicaLoad:
 
 
 def on_wall_clock(load: EngineLoad, monotonic_now: float, wall_now: float) -> EngineLoad:
-    """`load` with its queue's deadlines moved from the engine's clock to Unix time, the
-    clock the router compares a request's deadline on."""
+    """`load` with its times (its clock's now, the queue's deadlines, the decoding requests'
+    first tokens) moved from the engine's clock to Unix time, the clock the router compares
+    a request's deadline on."""
     shift = wall_now - monotonic_now
     queued = tuple(dataclasses.replace(q, deadline=q.deadline + shift) for q in load.queued)
-    return dataclasses.replace(load, queued=queued)
+    decoding = tuple(d if d.first_token_time is None
+                     else dataclasses.replace(d, first_token_time=d.first_token_time + shift)
+                     for d in load.decoding)  # fmt: skip
+    return dataclasses.replace(load, queued=queued, decoding=decoding, now=load.now + shift)
 
 
 def learned_factors(correction: Correction, class_order: Sequence[str]) -> dict[str | None, float]:

@@ -3,7 +3,9 @@
 Each step, running requests get tokens first (in the policy's order), preempting the
 policy's victims when device memory runs short; then, if nobody was preempted, queued
 requests (waiting and swapped) are admitted in class order, then the policy's, until the
-token budget, `max_num_seqs` or memory runs out. The caller passes the time.
+token budget, `max_num_seqs` or memory runs out. The caller passes the time. With a ready
+step-time model, the step that produces a first token carries only as much of the other
+prompts as keeps that token within its TTFT deadline (`first_token_guard.py`).
 
 Steps shaped by TBT promises (with a ready step-time model): the step may take as long as
 the tightest next-token deadline among the running decodes allows (`_step_limit`).
@@ -19,17 +21,23 @@ more important work, only served at the latest moment its target allows.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from superinfer.config import SchedulerConfig
+from superinfer.core.first_token_guard import FIRST_TOKEN_HEADROOM, FirstTokenGuard
 from superinfer.core.kv.errors import KVInvariantError
 from superinfer.core.kv.manager import TwoTierKVManager
 from superinfer.core.outputs import ModelOutput, RequestUpdate, ScheduledSequence, SchedulerOutput
 from superinfer.core.policies import MemoryState, SchedulingPolicy
 from superinfer.core.request import PLACEHOLDER, Request, RequestStatus
 from superinfer.core.reservations import ClassReservations
-from superinfer.core.step_time import BatchShape, ShapeBuilder, StepTimePredictor, step_seconds
+from superinfer.core.step_time import (
+    BatchShape,
+    ShapeBuilder,
+    StepTimePredictor,
+    largest_that_fits,
+    step_seconds,
+)
 
 _MAX_GAP_TBTS = 2.0  # the longest gap a shaped step plans for a request, in its TBT targets
 _MIN_GAP_TBTS = 0.5  # the shortest, when it makes up for a long gap
@@ -61,6 +69,7 @@ class _StepPlan:
         self.step_model = step_model
         self.limit_s = limit_s  # the most the step may take; None: no time limit
         self.limit_rank = 0  # the most important class among the decodes that set the limit
+        self.first_token_guard: FirstTokenGuard | None = None
         self.shape = ShapeBuilder()
         self._shape_of: dict[str, tuple[int, int, bool]] = {}
         self.swap_in_ids: list[int] = []
@@ -70,6 +79,8 @@ class _StepPlan:
 
     def add(self, request: Request, num_tokens: int) -> None:
         self.num_tokens[request.request_id] = num_tokens
+        if self.first_token_guard is not None:
+            self.first_token_guard.on_added(request.request_id)
         self.token_budget -= num_tokens
         entry = _shape_entry(request, num_tokens)
         self._shape_of[request.request_id] = entry
@@ -98,6 +109,14 @@ class _StepPlan:
         shape = self.shape.shape(*_shape_entry(request, num_tokens))
         return step_seconds(self.step_model, shape) <= self.limit_s
 
+    def num_fill_tokens(self, request: Request, rank: int, num_tokens: int) -> int:
+        """What the first-token guard leaves a prompt chunk (all of it when it holds none
+        back)."""
+        guard = self.first_token_guard
+        if guard is None or not num_tokens or not guard.is_filler(request, rank):
+            return num_tokens
+        return guard.num_tokens(request, num_tokens, self.shape, self.token_budget)
+
     def num_tokens_that_fit(self, request: Request, num_tokens: int) -> int:
         """The largest chunk of at most `num_tokens` that keeps the step within the limit
         (step time grows with tokens: bisection)."""
@@ -106,18 +125,6 @@ class _StepPlan:
     @property
     def has_prefill(self) -> bool:
         return self.shape.num_prefill_tokens > 0
-
-
-def largest_that_fits(num_tokens: int, fits: Callable[[int], bool]) -> int:
-    """The largest n <= `num_tokens` with `fits(n)` (0 if none), for a `fits` that holds
-    up to some n and fails past it (a step's time grows with its tokens): bisection."""
-    if fits(num_tokens):
-        return num_tokens
-    low, high = 0, num_tokens  # fits(low) holds (or low is 0), fits(high) does not
-    while high - low > 1:
-        middle = (low + high) // 2
-        low, high = (middle, high) if fits(middle) else (low, middle)
-    return low
 
 
 def _shape_entry(request: Request, num_tokens: int) -> tuple[int, int, bool]:
@@ -220,10 +227,31 @@ class Scheduler:
                 self.running, self.requests.values(), self.kv.num_device_blocks_of
             )
         self._rotate_proactively(plan, now)
+        plan.first_token_guard = self._first_token_guard(now)
         self._schedule_running(plan, now)
         if not plan.num_reactive_preemptions:
             self._schedule_queue(plan, now)
         return self._build_output(plan)
+
+    def _first_token_guard(self, now: float) -> FirstTokenGuard | None:
+        """The limit this step's fillers are held to (`first_token_guard.py`): the prompts
+        get the budget class first, running ones before queued ones that fit memory."""
+        if not self.first_token_headroom():
+            return None  # checked first: built every step
+        decodes = [r for r in self.running if r.is_prefill_done]
+        prompts = [r for r in self.running if not r.is_prefill_done] + self._waiting_that_fit()
+        prompts.sort(key=self.reservations.rank)  # stable: running first within a class
+        return FirstTokenGuard.build(self.step_model, now, decodes, prompts,
+                                     self.config.max_num_batched_tokens,
+                                     self.reservations.rank)  # fmt: skip
+
+    def first_token_headroom(self) -> float:
+        """The share of the time to a first token's deadline a step that produces it may
+        take when other prompts' chunks fill it (`first_token_guard.py`); 0: no guard (no
+        ready step-time model, or `--no-first-token-guard`)."""
+        model = self.step_model
+        is_on = self.config.first_token_guard and model is not None and model.is_ready
+        return FIRST_TOKEN_HEADROOM if is_on else 0.0
 
     # --- steps shaped by TBT promises --------------------------------------------------------
     def _step_limit(self, now: float) -> float | None:
@@ -405,6 +433,7 @@ class Scheduler:
                 rank = self.reservations.rank(request)
                 num_kept = sum(n for r, n in queued_prompts.items() if r < rank)
                 num_tokens = min(num_tokens, max(0, plan.token_budget - num_kept))
+                num_tokens = plan.num_fill_tokens(request, rank, num_tokens)
             num_tokens = self._shaped_tokens(request, num_tokens, plan, now)
             if num_tokens and self._make_room(request, num_tokens, plan, now):
                 self.kv.allocate_slots(request, num_tokens)
@@ -413,18 +442,26 @@ class Scheduler:
     def _queued_prompt_tokens_by_rank(self) -> dict[int, int]:
         """Prompt tokens of the waiting requests that fit the device pool, by class rank: the
         step budget a running prompt of a lower class leaves them (it started first, but a
-        gold prompt does not wait behind a bronze one's chunks). A request fits what is
-        free plus what the lower classes' running decodes hold: admission displaces those
-        to make room for it (`_admit_displacing`), so a full pool does not send a gold
-        prompt behind a silver one's chunks."""
+        gold prompt does not wait behind a bronze one's chunks)."""
         if not self.reservations.is_ranked:
             return {}
+        tokens: dict[int, int] = {}
+        for request in self._waiting_that_fit():
+            rank = self.reservations.rank(request)
+            tokens[rank] = tokens.get(rank, 0) + request.num_uncomputed_tokens
+        return tokens
+
+    def _waiting_that_fit(self) -> list[Request]:
+        """The waiting requests that fit the device pool, class first: what is free plus what
+        the lower classes' running decodes hold (admission displaces those to make room for
+        it, `_admit_displacing`, so a full pool does not send a gold prompt behind a silver
+        one's chunks)."""
         num_free = self.kv.device.num_free_blocks
         displaceable: dict[int, int] = {}  # rank -> device blocks of its running decodes
         for request in filter(lambda r: r.is_prefill_done, self.running):
             rank = self.reservations.rank(request)
             displaceable[rank] = displaceable.get(rank, 0) + self.kv.num_device_blocks_of(request)
-        tokens: dict[int, int] = {}
+        fitting = []
         for request in sorted(self.waiting, key=self.reservations.rank):  # stable: queue order
             rank = self.reservations.rank(request)
             num_blocks = self.kv.num_blocks_for(request.num_tokens)
@@ -437,8 +474,8 @@ class Scheduler:
                 num_from = min(num_blocks - num_taken, displaceable[other])
                 displaceable[other] -= num_from
                 num_taken += num_from
-            tokens[rank] = tokens.get(rank, 0) + request.num_uncomputed_tokens
-        return tokens
+            fitting.append(request)
+        return fitting
 
     def _make_room(self, request: Request, num_tokens: int, plan: _StepPlan, now: float) -> bool:
         """Preempt the policy's victims until `request` fits; False if it cannot run now."""
@@ -556,7 +593,9 @@ class Scheduler:
             request.num_computed_tokens = self.kv.match_prefix(request)
             if request.num_output_tokens == 0 and request.num_preemptions == 0:
                 request.num_cached_prompt_tokens = request.num_computed_tokens
-        num_tokens = self._shaped_tokens(request, plan.num_tokens_for(request), plan, now)
+        num_tokens = plan.num_fill_tokens(request, self.reservations.rank(request),
+                                          plan.num_tokens_for(request))  # fmt: skip
+        num_tokens = self._shaped_tokens(request, num_tokens, plan, now)
         num_keep_free = self._num_blocks_kept_free(request)
         if not num_tokens or not self.kv.can_allocate(request, num_tokens, num_keep_free):
             self.kv.free(request)  # give back prefix hits; it stays waiting

@@ -42,6 +42,7 @@ class EngineSnapshot:
     # prompt tokens a shaped step carries for a prompt below `shaping_class` (0: no engine)
     num_prefill_tokens_per_step: int = 0
     shaping_class: str | None = None  # the most important class decoding
+    first_token_headroom: float = 0.0  # the first-token guard's (core/first_token_guard.py)
     # running and rotated-out requests with their TPOT budgets (admission's TBT check)
     decoding: tuple[Decoding, ...] = ()
     num_steps: int = 0
@@ -110,6 +111,7 @@ def build_snapshot(scheduler: Scheduler, transfer: TransferStats) -> EngineSnaps
         decode_row_s=decode_row_cost(scheduler),
         num_prefill_tokens_per_step=scheduler.num_prefill_tokens_per_step(),
         shaping_class=scheduler.shaping_class(),
+        first_token_headroom=scheduler.first_token_headroom(),
     )
 
 

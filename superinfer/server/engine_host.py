@@ -167,6 +167,7 @@ class EngineHost:
             num_batched_tokens=self.engine_config.scheduler.max_num_batched_tokens,
             num_shaped_batched_tokens=snapshot.num_prefill_tokens_per_step,
             shaping_class=snapshot.shaping_class,
+            first_token_headroom=snapshot.first_token_headroom,
             is_queue_by_deadline=snapshot.is_queue_by_deadline,
             is_preempt_by_swap=snapshot.is_preempt_by_swap, block_size=snapshot.block_size,
             num_free_device_blocks=snapshot.num_free_device_blocks,

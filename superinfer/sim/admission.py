@@ -108,6 +108,7 @@ class SimAdmission:
             num_batched_tokens=scheduler.config.max_num_batched_tokens,
             num_shaped_batched_tokens=scheduler.num_prefill_tokens_per_step(),
             shaping_class=scheduler.shaping_class(),
+            first_token_headroom=scheduler.first_token_headroom(),
             is_queue_by_deadline=scheduler.policy.is_queue_by_deadline,
             is_preempt_by_swap=scheduler.policy.is_preempt_by_swap, block_size=kv.block_size,
             num_free_device_blocks=kv.device.num_free_blocks + kv.device.num_quarantined_blocks,

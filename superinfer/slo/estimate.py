@@ -16,7 +16,9 @@ Pure Python over plain data: `EngineLoad` is built from the engine's published s
                   + the prompt work behind it (lower classes' running prompts, the queue
                     behind it, and the prompts of this class and below arriving meanwhile:
                     their recent rate x the above), up to what its last step has left of
-                    the budget: the first token comes when that whole step ends
+                    the budget: the first token comes when that whole step ends; with a
+                    ready step-time model, up to what keeps the step within its deadline's
+                    headroom (the scheduler's first-token guard holds them to that)
     memory      = blocks the queue ahead, the rotated-out requests of this class and
                   those above (they come back first) and this request need beyond what is
                   free or can be taken from lower classes, over the rate at which finishing
@@ -127,6 +129,9 @@ class EngineLoad:
     # `shaping_class`, the most important one decoding (0: as num_batched_tokens)
     num_shaped_batched_tokens: int = 0
     shaping_class: str | None = None
+    # the share of the time to a first token's deadline that the step producing it may
+    # take when other prompts' chunks fill it (core/first_token_guard.py; 0: no guard)
+    first_token_headroom: float = 0.0
     is_queue_by_deadline: bool = False  # the policy admits earliest deadline first
     is_preempt_by_swap: bool = False  # the policy makes room by rotating to the host tier
     block_size: int = 16
@@ -247,6 +252,10 @@ class Estimator:
         num_behind += load.num_queued_tokens - sum(q.num_tokens for q in ahead)
         num_joining = min(num_steps * budget - num_prefill,
                           num_behind + self._not_higher_rate(load, slo_class) * compute_s)  # fmt: skip
+        room_s = load.first_token_headroom * (deadline - load.now) - compute_s
+        if load.first_token_headroom and room_s >= 0 and load.prefill_s_per_token > 0:
+            # the scheduler holds them to what keeps its deadline (`FirstTokenGuard`)
+            num_joining = min(num_joining, room_s / load.prefill_s_per_token)
         compute_s += num_joining * load.prefill_s_per_token
         num_needed = sum(_blocks(q.num_tokens, load.block_size) for q in ahead)
         num_needed += _blocks(num_prompt_tokens, load.block_size)

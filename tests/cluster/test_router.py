@@ -197,9 +197,17 @@ def test_stats_are_plain_data_that_round_trip_and_an_unreported_replica_is_idle(
     assert ReplicaLoad.from_stats("z", {}) == ReplicaLoad("z")
 
 
-def test_the_queue_is_exported_on_the_unix_clock():
-    engine = EngineLoad((Queued(105.0, 10),))  # deadline 5 s after the engine's "now" of 100
-    assert on_wall_clock(engine, 100.0, 1_700_000_000.0).queued[0].deadline == 1_700_000_005.0
+def test_the_load_is_exported_on_the_unix_clock():
+    """Every time in it moves, so the estimates compare like with like: a queued deadline,
+    a decoding request's first token and the load's own "now" (the first-token guard's
+    room is a deadline less now)."""
+    decoding = (Decoding(0.1, 9, 9, first_token_time=98.0), Decoding(0.1, 9, 9))
+    engine = EngineLoad((Queued(105.0, 10),), decoding=decoding, now=100.0)
+    wall = on_wall_clock(engine, 100.0, 1_700_000_000.0)
+    assert wall.queued[0].deadline == 1_700_000_005.0  # 5 s after now, as on the engine
+    assert wall.now == 1_700_000_000.0
+    assert wall.decoding[0].first_token_time == 1_699_999_998.0
+    assert wall.decoding[1].first_token_time is None  # still prefilling
 
 
 def test_no_factor_before_the_replica_learned_one():

@@ -59,6 +59,23 @@ def test_a_drifting_machine_is_learned_from_the_recent_window():
     assert model.forward_time(probe) == pytest.approx(machine(probe, 1.3), rel=0.1)
 
 
+def test_the_late_factor_is_a_high_quantile_of_measured_over_predicted():
+    """A machine that is right on average but one step in five runs 1.5x long: the fit
+    stays near the mean, and the late factor says how long a step may well take."""
+    rng = random.Random(2)
+    model = OnlineStepModel()
+    assert model.late_factor == 1.0  # nothing seen yet
+    for i in range(600):
+        batch = random_batch(rng)
+        model.observe(batch, machine(batch) * (1.5 if i % 5 == 0 else 0.9))
+    assert 1.3 < model.late_factor < 1.8
+    steady = OnlineStepModel()
+    for _ in range(600):
+        batch = random_batch(rng)
+        steady.observe(batch, machine(batch))
+    assert steady.late_factor == pytest.approx(1.0, abs=0.05)  # never below 1
+
+
 def test_not_ready_without_anchors():
     model = OnlineStepModel(min_samples=2)
     batch = BatchShape.of_lists([1], [10])

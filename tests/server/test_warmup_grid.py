@@ -1,11 +1,13 @@
-"""With --tbt-shaped-steps the warm-up times a grid of batches and anchors the step-time
-model, after which the scheduler shapes steps; without it the grid is skipped."""
+"""The warm-up times a grid of batches and anchors the step-time model on every engine: the
+first-token guard prices steps by it (unless `--no-first-token-guard`), and with
+`--tbt-shaped-steps` the scheduler shapes steps by it."""
 
 from __future__ import annotations
 
 import pytest
 
 from superinfer.config import EngineConfig
+from superinfer.core.first_token_guard import FIRST_TOKEN_HEADROOM
 from superinfer.core.step_time import BatchShape
 from superinfer.engine.llm_engine import LLMEngine
 from superinfer.server.warmup import warm_up
@@ -13,21 +15,23 @@ from superinfer.server.warmup import warm_up
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("is_shaped", [True, False])
-def test_the_grid_anchors_the_model_only_when_steps_are_shaped(is_shaped):
+@pytest.mark.parametrize(("is_shaped", "is_guarded"), [(True, True), (False, False)])
+def test_the_grid_anchors_the_model_on_every_engine(is_shaped, is_guarded):
     engine = LLMEngine(EngineConfig.from_flat(
         dtype="float32", device="cpu", max_model_len=512, num_device_blocks=128,
-        num_host_blocks=64, tbt_shaped_steps=is_shaped,
+        num_host_blocks=64, tbt_shaped_steps=is_shaped, first_token_guard=is_guarded,
     ))  # fmt: skip
     try:
         warm_up(engine)
         model = engine.step_model
-        assert model.is_ready is is_shaped
-        if is_shaped:
-            one, sixteen = (model.forward_time(BatchShape.of_lists([1] * n, [30] * n))
-                            for n in (1, 16))  # fmt: skip
-            assert 0 < one <= sixteen
-            assert engine.scheduler._step_limit(engine.clock()) is None  # nothing running
+        assert model.is_ready
+        one, sixteen = (model.forward_time(BatchShape.of_lists([1] * n, [30] * n))
+                        for n in (1, 16))  # fmt: skip
+        assert 0 < one <= sixteen
+        assert engine.scheduler.is_shaping_steps is is_shaped
+        assert engine.scheduler.first_token_headroom() == (FIRST_TOKEN_HEADROOM * is_guarded)
+        assert engine.snapshot().first_token_headroom == (FIRST_TOKEN_HEADROOM * is_guarded)
+        assert engine.scheduler._step_limit(engine.clock()) is None  # nothing running
     finally:
         engine.close()
 

@@ -3,6 +3,7 @@ deadline and class ordered; and the online correction converging on a biased clo
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -103,6 +104,23 @@ def test_prompt_work_behind_a_gold_prompt_fills_its_step():
     gold = ESTIMATOR.first_token(load, 100, "gold", 5.0).compute_s
     assert gold == pytest.approx(0.1 + 0.05 + 412 * 0.001)  # 100 + 412 behind: one step
     assert ESTIMATOR.first_token(base(), 100, "gold", 5.0).compute_s == pytest.approx(0.15)
+
+
+def test_the_first_token_guard_holds_the_work_behind_to_the_deadline():
+    """With the scheduler's first-token guard (a ready step-time model), the prompt work
+    behind a gold prompt fills its step only up to the deadline's headroom; a deadline no
+    step can meet sets no limit, as in the scheduler."""
+    bronze = Decoding(1.0, 10, 10, None, num_prefill_tokens=900, slo_class="bronze")
+    load = base(decoding=(bronze,), first_token_headroom=0.9)
+    alone = 0.1 + 0.05
+    guarded = ESTIMATOR.first_token(load, 100, "gold", deadline=0.5).compute_s
+    assert guarded == pytest.approx(0.9 * 0.5)  # 300 of the 412 tokens behind fit
+    roomy = ESTIMATOR.first_token(load, 100, "gold", deadline=5.0).compute_s
+    assert roomy == pytest.approx(alone + 412 * 0.001)  # the whole step fits its deadline
+    late = ESTIMATOR.first_token(load, 100, "gold", deadline=0.1).compute_s
+    assert late == pytest.approx(alone + 412 * 0.001)
+    unguarded = dataclasses.replace(load, first_token_headroom=0.0)
+    assert ESTIMATOR.first_token(unguarded, 100, "gold", 0.5).compute_s == pytest.approx(roomy)
 
 
 def test_the_rest_of_the_step_in_flight_comes_first():
