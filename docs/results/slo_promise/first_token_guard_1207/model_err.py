@@ -42,9 +42,13 @@ while engine.has_unfinished_requests():
     engine.step()
 bins: dict[int, list[float]] = {}
 for shape, wall_s, predicted_s in rows:
-    bins.setdefault(min(shape.num_prefill_tokens // 100 * 100, 500), []).append(wall_s / predicted_s)
+    bins.setdefault(min(shape.num_prefill_tokens // 100 * 100, 500), []).append(
+        wall_s / predicted_s
+    )
 for key, ratios in sorted(bins.items()):
     ratios.sort()
-    print(f"prefill tokens >= {key:3}: {len(ratios):3} steps, measured / predicted: median "
-          f"{statistics.median(ratios):.2f}, p90 {ratios[int(0.9 * len(ratios))]:.2f}, max {ratios[-1]:.2f}")
+    print(
+        f"prefill tokens >= {key:3}: {len(ratios):3} steps, measured / predicted: median "
+        f"{statistics.median(ratios):.2f}, p90 {ratios[int(0.9 * len(ratios))]:.2f}, max {ratios[-1]:.2f}"
+    )
 print(f"late factor {engine.step_model.late_factor:.2f}")
