@@ -3,9 +3,10 @@
 Each step, running requests get tokens first (in the policy's order), preempting the
 policy's victims when device memory runs short; then, if nobody was preempted, queued
 requests (waiting and swapped) are admitted in class order, then the policy's, until the
-token budget, `max_num_seqs` or memory runs out. The caller passes the time. With a ready
-step-time model, the step that produces a first token carries only as much of the other
-prompts as keeps that token within its TTFT deadline (`first_token_guard.py`).
+token budget, `max_num_seqs` or memory runs out. The caller passes the time. With the
+first-token guard (and a ready step-time model), the step that produces a first token
+carries only as much of the other prompts as keeps that token within its TTFT deadline
+(`first_token_guard.py`).
 
 Steps shaped by TBT promises (with a ready step-time model): the step may take as long as
 the tightest next-token deadline among the running decodes allows (`_step_limit`).
@@ -247,8 +248,8 @@ class Scheduler:
 
     def first_token_headroom(self) -> float:
         """The share of the time to a first token's deadline a step that produces it may
-        take when other prompts' chunks fill it (`first_token_guard.py`); 0: no guard (no
-        ready step-time model, or `--no-first-token-guard`)."""
+        take when other prompts' chunks fill it (`first_token_guard.py`); 0: no guard (not
+        configured, or no ready step-time model)."""
         model = self.step_model
         is_on = self.config.first_token_guard and model is not None and model.is_ready
         return FIRST_TOKEN_HEADROOM if is_on else 0.0

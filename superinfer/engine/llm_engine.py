@@ -215,8 +215,8 @@ class LLMEngine:
             self.model_config.head_dim, dtype, self.device,
         )  # fmt: skip
         self.transfer = create_transfer_engine(self.kv_tiers, config.cache.transfer_mode)
-        # fitted to this engine's own steps (the warm-up's grid, then every step served):
-        # the scheduler prices steps by it (first-token guard, shaped steps)
+        # fitted to this engine's own steps (the warm-up's grid, then every step served)
+        # when the scheduler prices steps by it (shaped steps, the first-token guard)
         self.step_model = OnlineStepModel()
         self.scheduler = build_scheduler(
             config.scheduler, config.cache, num_device_blocks, num_host_blocks, self.step_model,
@@ -402,7 +402,7 @@ class LLMEngine:
     def _observe(self, wall_s: float, num_outputs: int) -> None:
         self._num_steps += 1
         record = self._timed.record(self._num_steps, wall_s, num_outputs)
-        if record.forward is not None:
+        if record.forward is not None and self.config.scheduler.is_step_model_used:
             self.step_model.observe(BatchShape.of(record.forward.batch), wall_s)
         for observer in tuple(self._step_observers):
             observer(record)

@@ -2,10 +2,9 @@
 and a KV rotation round trip through the host tier (swapped out mid-decode, swapped back
 in, and its greedy tokens must equal the undisturbed run's). It also measures the prefill
 cost of a short prompt and of a long prompt's chunks, and the decode step time, that
-admission estimates start from. It also times a small grid of batches (several sequences
-decoding at once, a batched prefill): with the steps above they anchor the step-time model
-the scheduler prices steps by (the first-token guard; shaped steps with
-`--tbt-shaped-steps`).
+admission estimates start from. With `--tbt-shaped-steps` or `--first-token-guard` it also
+times a small grid of batches (several sequences decoding at once, a batched prefill): with
+the steps above they anchor the step-time model the scheduler prices those steps by.
 
 Runs on the engine thread (`AsyncEngine.call`), before any user request is accepted, and
 uses only the engine's public contract (steps, its step observer, snapshot, rotate_out,
@@ -66,11 +65,12 @@ def warm_up(engine: LLMEngine) -> WarmupReport:
     _warm_prefill_shapes(engine)
     prefill_s_per_token, samples = _time_prefill(engine)
     samples += _time_long_prefill(engine)
-    for num_seqs in _grid_batch_sizes(engine):
-        _time_batch(engine, num_seqs)
-    fit = engine.anchor_step_model()
-    logger.info("Step-time model: %s", ", ".join(
-        f"{k} {v:.3g}" for k, v in fit.items() if isinstance(v, float)))  # fmt: skip
+    if engine.config.scheduler.is_step_model_used:
+        for num_seqs in _grid_batch_sizes(engine):
+            _time_batch(engine, num_seqs)
+        fit = engine.anchor_step_model()
+        logger.info("Step-time model: %s", ", ".join(
+            f"{k} {v:.3g}" for k, v in fit.items() if isinstance(v, float)))  # fmt: skip
     _check_clean(engine)
     seconds = time.perf_counter() - start
     logger.info("Warm-up done in %.1f s: prefill %.2f ms/token, decode step %.1f ms",

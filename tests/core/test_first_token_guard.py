@@ -17,15 +17,17 @@ SILVER = SLOTargets(ttft_ms=1000, tbt_ms=200, slo_class="silver")
 MODEL = LinearCost(base_s=0.03, seq_s=0.006, token_s=0.001)  # a 512-token step: 0.55 s
 
 
-def scheduler(step_model=MODEL):
+def scheduler(step_model=MODEL, is_guarded: bool = True):
     return make_scheduler("rotasched", num_device_blocks=800, max_num_batched_tokens=512,
-                          step_model=step_model, class_order=CLASSES)  # fmt: skip
+                          step_model=step_model, class_order=CLASSES,
+                          first_token_guard=is_guarded)  # fmt: skip
 
 
-def gold_behind_a_bronze_prompt(step_model, gold_arrival_s: float | None = None):
+def gold_behind_a_bronze_prompt(step_model, gold_arrival_s: float | None = None,
+                                is_guarded: bool = True):  # fmt: skip
     """A 1,000-token bronze prompt half prefilled, then a 40-token gold prompt arrives
     (at the end of that step unless `gold_arrival_s` says otherwise); the step after."""
-    s = scheduler(step_model)
+    s = scheduler(step_model, is_guarded)
     bronze = classed(make_request(1000, max_tokens=4, request_id="bronze"), BRONZE)
     s.add_request(bronze)
     now = drive(s, MODEL, 1)  # bronze's first 512 tokens
@@ -42,10 +44,11 @@ def test_the_step_with_a_gold_prompt_keeps_its_first_token_in_time():
     assert ttft <= FIRST_TOKEN_HEADROOM * GOLD.ttft_s + 1e-9
     # bronze still got what fits: 0.03 + 2 x 0.006 + (40 + n) x 0.001 <= 0.45
     assert bronze.num_computed_tokens == 512 + 368
-    # without a step-time model nothing is priced: bronze fills the step, gold is late
-    late_gold, full_bronze = gold_behind_a_bronze_prompt(None)
-    assert late_gold.first_token_time - late_gold.arrival_time > GOLD.ttft_s
-    assert full_bronze.num_computed_tokens == 512 + 472
+    # switched off, or without a step-time model: bronze fills the step, gold is late
+    for late_gold, full_bronze in (gold_behind_a_bronze_prompt(MODEL, is_guarded=False),
+                                   gold_behind_a_bronze_prompt(None)):  # fmt: skip
+        assert late_gold.first_token_time - late_gold.arrival_time > GOLD.ttft_s
+        assert full_bronze.num_computed_tokens == 512 + 472
 
 
 class OftenLate(LinearCost):
