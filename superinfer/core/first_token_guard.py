@@ -6,10 +6,11 @@ tokens of other prompts' chunks, which on a CPU is 300 ms more before gold's fir
 admission, which knows the scheduler fills the step, refused such short gold prompts at
 an estimate of 500-700 ms (docs/results/slo_promise/first_token_guard_1207/).
 
-Each step, when the step-time model is ready, the guard finds the prompts whose first
-token this step can produce (the "setters": running prompts and the queued ones that fit
-memory, class first, whose whole remaining prompt fits the budget) and takes the tightest
-of their TTFT deadlines. Every other prompt chunk of that setter's class or below (a
+With `--first-token-guard` (off by default: docs/policies.md says what it costs) and a
+ready step-time model, each step the guard finds the prompts whose first token this step
+can produce (the "setters": running prompts and the queued ones that fit memory, class
+first, whose whole remaining prompt fits the budget) and takes the tightest of their TTFT
+deadlines. Every other prompt chunk of that setter's class or below (a
 "filler") then gets only the tokens that keep the step within `FIRST_TOKEN_HEADROOM` of
 the time left to it, and leaves the budget to the setters not yet in the step. The step
 is priced by the model times its late factor (how much longer than predicted a step may
