@@ -62,6 +62,13 @@ class SchedulerConfig:
         "on a CPU's class mix it kept 3 points more of gold's requests and a quarter fewer "
         "of bronze's at 3x load.",
     )
+    tbt_guard: bool = opt(
+        False,
+        "With the first-token guard's rule, also keep the other prompts' chunks in a step to "
+        "what keeps each decoding request's mean time between tokens within its TBT target "
+        "(a request with a short output has no slack to absorb a long prefill step). "
+        "Priced by the step-time model the warm-up fits (docs/policies.md).",
+    )
     tbt_shaped_steps: bool = opt(
         False,
         "Shape each step by the tightest time-between-tokens promise among the running "
@@ -96,7 +103,7 @@ class SchedulerConfig:
     def is_step_model_used(self) -> bool:
         """Whether the scheduler prices steps by the step-time model (the warm-up fits it
         then, and the engine refits it from every step)."""
-        return self.tbt_shaped_steps or self.first_token_guard
+        return self.tbt_shaped_steps or self.first_token_guard or self.tbt_guard
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):

@@ -4,9 +4,9 @@ Each step, running requests get tokens first (in the policy's order), preempting
 policy's victims when device memory runs short; then, if nobody was preempted, queued
 requests (waiting and swapped) are admitted in class order, then the policy's, until the
 token budget, `max_num_seqs` or memory runs out. The caller passes the time. With the
-first-token guard (and a ready step-time model), the step that produces a first token
-carries only as much of the other prompts as keeps that token within its TTFT deadline
-(`first_token_guard.py`).
+first-token or TBT guard (and a ready step-time model), a step carries only as much of
+the other prompts as keeps the first tokens it produces within their TTFT deadlines, or
+the decodes' mean gaps within their TBT targets (`token_guard.py`).
 
 Steps shaped by TBT promises (with a ready step-time model): the step may take as long as
 the tightest next-token deadline among the running decodes allows (`_step_limit`).
@@ -25,7 +25,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from superinfer.config import SchedulerConfig
-from superinfer.core.first_token_guard import FIRST_TOKEN_HEADROOM, FirstTokenGuard
 from superinfer.core.kv.errors import KVInvariantError
 from superinfer.core.kv.manager import TwoTierKVManager
 from superinfer.core.outputs import ModelOutput, RequestUpdate, ScheduledSequence, SchedulerOutput
@@ -39,6 +38,7 @@ from superinfer.core.step_time import (
     largest_that_fits,
     step_seconds,
 )
+from superinfer.core.token_guard import GUARD_HEADROOM, TokenGuard
 
 _MAX_GAP_TBTS = 2.0  # the longest gap a shaped step plans for a request, in its TBT targets
 _MIN_GAP_TBTS = 0.5  # the shortest, when it makes up for a long gap
@@ -70,7 +70,8 @@ class _StepPlan:
         self.step_model = step_model
         self.limit_s = limit_s  # the most the step may take; None: no time limit
         self.limit_rank = 0  # the most important class among the decodes that set the limit
-        self.first_token_guard: FirstTokenGuard | None = None
+        self.token_guard: TokenGuard | None = None
+        self.waiting_that_fit: list[Request] | None = None  # Scheduler._fitting's memo
         self.shape = ShapeBuilder()
         self._shape_of: dict[str, tuple[int, int, bool]] = {}
         self.swap_in_ids: list[int] = []
@@ -80,8 +81,8 @@ class _StepPlan:
 
     def add(self, request: Request, num_tokens: int) -> None:
         self.num_tokens[request.request_id] = num_tokens
-        if self.first_token_guard is not None:
-            self.first_token_guard.on_added(request.request_id)
+        if self.token_guard is not None:
+            self.token_guard.on_added(request.request_id)
         self.token_budget -= num_tokens
         entry = _shape_entry(request, num_tokens)
         self._shape_of[request.request_id] = entry
@@ -111,12 +112,11 @@ class _StepPlan:
         return step_seconds(self.step_model, shape) <= self.limit_s
 
     def num_fill_tokens(self, request: Request, rank: int, num_tokens: int) -> int:
-        """What the first-token guard leaves a prompt chunk (all of it when it holds none
-        back)."""
-        guard = self.first_token_guard
+        """What the token guard leaves a prompt chunk (all of it when it holds none back)."""
+        guard = self.token_guard
         if guard is None or not num_tokens or not guard.is_filler(request, rank):
             return num_tokens
-        return guard.num_tokens(request, num_tokens, self.shape, self.token_budget)
+        return guard.num_tokens(request, rank, num_tokens, self.shape, self.token_budget)
 
     def num_tokens_that_fit(self, request: Request, num_tokens: int) -> int:
         """The largest chunk of at most `num_tokens` that keeps the step within the limit
@@ -228,31 +228,32 @@ class Scheduler:
                 self.running, self.requests.values(), self.kv.num_device_blocks_of
             )
         self._rotate_proactively(plan, now)
-        plan.first_token_guard = self._first_token_guard(now)
+        plan.token_guard = self._token_guard(plan, now)
         self._schedule_running(plan, now)
         if not plan.num_reactive_preemptions:
             self._schedule_queue(plan, now)
         return self._build_output(plan)
 
-    def _first_token_guard(self, now: float) -> FirstTokenGuard | None:
-        """The limit this step's fillers are held to (`first_token_guard.py`): the prompts
+    def _token_guard(self, plan: _StepPlan, now: float) -> TokenGuard | None:
+        """The limits this step's fillers are held to (`token_guard.py`): the prompts
         get the budget class first, running ones before queued ones that fit memory."""
-        if not self.first_token_headroom():
+        is_ttft_guarded = bool(self.first_token_headroom())
+        if not is_ttft_guarded and not self.config.tbt_guard:
             return None  # checked first: built every step
         decodes = [r for r in self.running if r.is_prefill_done]
-        prompts = [r for r in self.running if not r.is_prefill_done] + self._waiting_that_fit()
+        prompts = [r for r in self.running if not r.is_prefill_done] + self._fitting(plan)
         prompts.sort(key=self.reservations.rank)  # stable: running first within a class
-        return FirstTokenGuard.build(self.step_model, now, decodes, prompts,
-                                     self.config.max_num_batched_tokens,
-                                     self.reservations.rank)  # fmt: skip
+        return TokenGuard.build(self.step_model, now, decodes, prompts,
+                                self.config.max_num_batched_tokens, self.reservations.rank,
+                                is_ttft_guarded, self.config.tbt_guard)  # fmt: skip
 
     def first_token_headroom(self) -> float:
         """The share of the time to a first token's deadline a step that produces it may
-        take when other prompts' chunks fill it (`first_token_guard.py`); 0: no guard (not
+        take when other prompts' chunks fill it (`token_guard.py`); 0: no guard (not
         configured, or no ready step-time model)."""
         model = self.step_model
         is_on = self.config.first_token_guard and model is not None and model.is_ready
-        return FIRST_TOKEN_HEADROOM if is_on else 0.0
+        return GUARD_HEADROOM if is_on else 0.0
 
     # --- steps shaped by TBT promises --------------------------------------------------------
     def _step_limit(self, now: float) -> float | None:
@@ -423,7 +424,7 @@ class Scheduler:
         if plan.limit_s is not None:  # due decodes, prefills, the rest; the policy's order within
             ordered.sort(key=lambda r: self._shaped_order(r, plan, now))
         is_prefilling = any(not r.is_prefill_done for r in ordered)
-        queued_prompts = self._queued_prompt_tokens_by_rank() if is_prefilling else {}
+        queued_prompts = self._queued_prompt_tokens_by_rank(plan) if is_prefilling else {}
         for request in ordered:
             if request.status is not RequestStatus.RUNNING or plan.token_budget <= 0:
                 continue
@@ -440,17 +441,24 @@ class Scheduler:
                 self.kv.allocate_slots(request, num_tokens)
                 plan.add(request, num_tokens)
 
-    def _queued_prompt_tokens_by_rank(self) -> dict[int, int]:
+    def _queued_prompt_tokens_by_rank(self, plan: _StepPlan) -> dict[int, int]:
         """Prompt tokens of the waiting requests that fit the device pool, by class rank: the
         step budget a running prompt of a lower class leaves them (it started first, but a
         gold prompt does not wait behind a bronze one's chunks)."""
         if not self.reservations.is_ranked:
             return {}
         tokens: dict[int, int] = {}
-        for request in self._waiting_that_fit():
+        for request in self._fitting(plan):
             rank = self.reservations.rank(request)
             tokens[rank] = tokens.get(rank, 0) + request.num_uncomputed_tokens
         return tokens
+
+    def _fitting(self, plan: _StepPlan) -> list[Request]:
+        """`_waiting_that_fit()` as it was when this step's running requests started to be
+        scheduled (computed once: the token guard and the running prompts both ask)."""
+        if plan.waiting_that_fit is None:
+            plan.waiting_that_fit = self._waiting_that_fit()
+        return plan.waiting_that_fit
 
     def _waiting_that_fit(self) -> list[Request]:
         """The waiting requests that fit the device pool, class first: what is free plus what

@@ -42,7 +42,7 @@ class EngineSnapshot:
     # prompt tokens a shaped step carries for a prompt below `shaping_class` (0: no engine)
     num_prefill_tokens_per_step: int = 0
     shaping_class: str | None = None  # the most important class decoding
-    first_token_headroom: float = 0.0  # the first-token guard's (core/first_token_guard.py)
+    first_token_headroom: float = 0.0  # the first-token guard's (core/token_guard.py)
     # running and rotated-out requests with their TPOT budgets (admission's TBT check)
     decoding: tuple[Decoding, ...] = ()
     num_steps: int = 0

@@ -2,9 +2,10 @@
 and a KV rotation round trip through the host tier (swapped out mid-decode, swapped back
 in, and its greedy tokens must equal the undisturbed run's). It also measures the prefill
 cost of a short prompt and of a long prompt's chunks, and the decode step time, that
-admission estimates start from. With `--tbt-shaped-steps` or `--first-token-guard` it also
-times a small grid of batches (several sequences decoding at once, a batched prefill): with
-the steps above they anchor the step-time model the scheduler prices those steps by.
+admission estimates start from. With `--tbt-shaped-steps`, `--first-token-guard` or
+`--tbt-guard` it also times a small grid of batches (several sequences decoding at once, a
+batched prefill): with the steps above they anchor the step-time model the scheduler
+prices those steps by.
 
 Runs on the engine thread (`AsyncEngine.call`), before any user request is accepted, and
 uses only the engine's public contract (steps, its step observer, snapshot, rotate_out,

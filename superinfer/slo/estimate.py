@@ -130,7 +130,7 @@ class EngineLoad:
     num_shaped_batched_tokens: int = 0
     shaping_class: str | None = None
     # the share of the time to a first token's deadline that the step producing it may
-    # take when other prompts' chunks fill it (core/first_token_guard.py; 0: no guard)
+    # take when other prompts' chunks fill it (core/token_guard.py; 0: no guard)
     first_token_headroom: float = 0.0
     is_queue_by_deadline: bool = False  # the policy admits earliest deadline first
     is_preempt_by_swap: bool = False  # the policy makes room by rotating to the host tier
@@ -254,7 +254,7 @@ class Estimator:
                           num_behind + self._not_higher_rate(load, slo_class) * compute_s)  # fmt: skip
         room_s = load.first_token_headroom * (deadline - load.now) - compute_s
         if load.first_token_headroom and room_s >= 0 and load.prefill_s_per_token > 0:
-            # the scheduler holds them to what keeps its deadline (`FirstTokenGuard`)
+            # the scheduler holds them to what keeps its deadline (`TokenGuard`)
             num_joining = min(num_joining, room_s / load.prefill_s_per_token)
         compute_s += num_joining * load.prefill_s_per_token
         num_needed = sum(_blocks(q.num_tokens, load.block_size) for q in ahead)

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import random
 
-from superinfer.core.first_token_guard import FIRST_TOKEN_HEADROOM
 from superinfer.core.request import RequestStatus
+from superinfer.core.token_guard import GUARD_HEADROOM
 from superinfer.slo import SLOTargets
 from tests.core.test_step_shaping import BRONZE, CLASSES, GOLD, LinearCost, classed, drive
 from tests.factories import make_request, make_scheduler
@@ -41,7 +41,7 @@ def gold_behind_a_bronze_prompt(step_model, gold_arrival_s: float | None = None,
 def test_the_step_with_a_gold_prompt_keeps_its_first_token_in_time():
     gold, bronze = gold_behind_a_bronze_prompt(MODEL)
     ttft = gold.first_token_time - gold.arrival_time
-    assert ttft <= FIRST_TOKEN_HEADROOM * GOLD.ttft_s + 1e-9
+    assert ttft <= GUARD_HEADROOM * GOLD.ttft_s + 1e-9
     # bronze still got what fits: 0.03 + 2 x 0.006 + (40 + n) x 0.001 <= 0.45
     assert bronze.num_computed_tokens == 512 + 368
     # switched off, or without a step-time model: bronze fills the step, gold is late
@@ -60,7 +60,7 @@ class OftenLate(LinearCost):
 def test_a_model_that_runs_late_leaves_more_room():
     gold, bronze = gold_behind_a_bronze_prompt(OftenLate(0.03, 0.006, 0.001))
     ttft = gold.first_token_time - gold.arrival_time
-    assert ttft <= FIRST_TOKEN_HEADROOM * GOLD.ttft_s / 1.5 + 1e-9
+    assert ttft <= GUARD_HEADROOM * GOLD.ttft_s / 1.5 + 1e-9
     assert bronze.num_computed_tokens == 512 + 218  # (0.042 + (40 + n) x 0.001) x 1.5 <= 0.45
 
 
