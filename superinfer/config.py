@@ -63,11 +63,13 @@ class SchedulerConfig:
         "of bronze's at 3x load.",
     )
     tbt_guard: bool = opt(
-        False,
-        "With the first-token guard's rule, also keep the other prompts' chunks in a step to "
-        "what keeps each decoding request's mean time between tokens within its TBT target "
-        "(a request with a short output has no slack to absorb a long prefill step). "
-        "Priced by the step-time model the warm-up fits (docs/policies.md).",
+        True,
+        "Keep the other prompts' chunks in a step to what keeps each decoding request's mean "
+        "time between tokens, at its max_tokens, within its TBT target, more important "
+        "classes first (the first-token guard's rule; a short output has no gaps to absorb a "
+        "long prefill step), priced by the step-time model the warm-up fits "
+        "(docs/policies.md). On a CPU's class mix at 3x load it lifted precision from 0.971 "
+        "to 0.991; at 2x it cost 1.5 points of requests meeting their targets.",
     )
     tbt_shaped_steps: bool = opt(
         False,

@@ -237,15 +237,15 @@ class Scheduler:
     def _token_guard(self, plan: _StepPlan, now: float) -> TokenGuard | None:
         """The limits this step's fillers are held to (`token_guard.py`): the prompts
         get the budget class first, running ones before queued ones that fit memory."""
-        is_ttft_guarded = bool(self.first_token_headroom())
-        if not is_ttft_guarded and not self.config.tbt_guard:
+        model = self.step_model
+        is_ttft_guarded, is_tbt_guarded = self.config.first_token_guard, self.config.tbt_guard
+        if model is None or not model.is_ready or not (is_ttft_guarded or is_tbt_guarded):
             return None  # checked first: built every step
         decodes = [r for r in self.running if r.is_prefill_done]
         prompts = [r for r in self.running if not r.is_prefill_done] + self._fitting(plan)
         prompts.sort(key=self.reservations.rank)  # stable: running first within a class
-        return TokenGuard.build(self.step_model, now, decodes, prompts,
-                                self.config.max_num_batched_tokens, self.reservations.rank,
-                                is_ttft_guarded, self.config.tbt_guard)  # fmt: skip
+        return TokenGuard.build(model, now, decodes, prompts, self.config.max_num_batched_tokens,
+                                self.reservations.rank, is_ttft_guarded, is_tbt_guarded)  # fmt: skip
 
     def first_token_headroom(self) -> float:
         """The share of the time to a first token's deadline a step that produces it may

@@ -8,13 +8,13 @@ A token comes when the whole step that produces it ends, and a step fills its to
   also carried 450 tokens of a bronze prompt, and admission, which knows the scheduler
   fills the step, refused such short gold prompts at estimates of 500-700 ms
   (docs/results/slo_promise/first_token_guard_1207/).
-- **Next tokens** (`--tbt-guard`): TPOT is judged on the mean gap, so a decoding request's
-  next token is due when its mean would pass its TBT target (its first token's time plus a
-  target per token it has). A request with a long output banks slack in its short steps and
-  sets no limit after its first few tokens; one with a short output cannot absorb a long
-  step (a gold request with 8 tokens missed its 100 ms TPOT in every run at 3x load: two of
-  its seven gaps were 512-token prefill steps of 250-400 ms;
-  docs/results/slo_promise/tbt_guard_1207/).
+- **Next tokens** (`--tbt-guard`): TPOT is judged on the mean gap, and a request with a
+  short output cannot absorb a long step (a gold request with 8 tokens missed its 100 ms
+  TPOT in every run at 3x load: two of its seven gaps were 512-token prefill steps of
+  250-400 ms; docs/results/slo_promise/tbt_guard_1207/). A decoding request's next token
+  is due when its mean gap at its planned length (`max_tokens`) would pass its TBT target
+  if every later token came a decode step apart. A long output has gaps to spare and sets
+  no limit until near its end; without `max_tokens` the next token counts as the last.
 
 Each step, with a ready step-time model, the guard finds the prompts whose first token
 this step can produce (the "setters": running prompts and the queued ones that fit memory,
@@ -29,8 +29,8 @@ back (the decodes, the setters of its class and above), and leaves the budget to
 setters of its class and above not yet in the step. When only a step without fillers can
 still meet the deadline, the fillers get nothing; when not even that one can, the deadline
 holds nothing back (its token is late anyway). Admission prices the first-token limit
-(`Estimator.first_token`). Both guards are off by default (docs/policies.md says what
-they cost).
+(`Estimator.first_token`); the next-token limits only through its learned correction. The
+TBT guard is on by default, the first-token guard off (docs/policies.md says why).
 """
 
 from __future__ import annotations
@@ -109,7 +109,11 @@ class TokenGuard:
         if is_ttft_guarded:
             deadlines += [(r.arrival_time + r.slo.ttft_s, rank(r)) for r in setters]
         if is_tbt_guarded:
-            deadlines += [(_next_token_deadline(r), rank(r)) for r in decodes
+            decode_step = ShapeBuilder()
+            for request in decodes:
+                decode_step.add(1, request.num_computed_tokens, True)
+            gap_s = step_seconds(model, decode_step.shape()) * model.late_factor
+            deadlines += [(_next_token_deadline(r, gap_s), rank(r)) for r in decodes
                           if r.first_token_time is not None]  # fmt: skip
         if not deadlines:
             return None
@@ -178,7 +182,12 @@ class TokenGuard:
         self.pending.pop(request_id, None)
 
 
-def _next_token_deadline(request: Request) -> float:
-    """When `request`'s next token would bring its mean gap past its TBT target."""
+def _next_token_deadline(request: Request, gap_s: float) -> float:
+    """The latest `request`'s next token may come for its mean gap to stay within its TBT
+    target at its planned length (`max_tokens`), the tokens after it `gap_s` apart (a
+    decode step); without `max_tokens`, as if the next token were its last."""
     assert request.first_token_time is not None
-    return request.first_token_time + request.slo.tbt_s * len(request.output_token_times)
+    num_tokens = len(request.output_token_times)
+    num_planned = max(num_tokens + 1, request.sampling_params.max_tokens or 0)
+    num_after = num_planned - num_tokens - 1
+    return request.first_token_time + request.slo.tbt_s * (num_planned - 1) - gap_s * num_after

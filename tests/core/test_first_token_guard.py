@@ -20,7 +20,7 @@ MODEL = LinearCost(base_s=0.03, seq_s=0.006, token_s=0.001)  # a 512-token step:
 def scheduler(step_model=MODEL, is_guarded: bool = True):
     return make_scheduler("rotasched", num_device_blocks=800, max_num_batched_tokens=512,
                           step_model=step_model, class_order=CLASSES,
-                          first_token_guard=is_guarded)  # fmt: skip
+                          first_token_guard=is_guarded, tbt_guard=False)  # fmt: skip
 
 
 def gold_behind_a_bronze_prompt(step_model, gold_arrival_s: float | None = None,

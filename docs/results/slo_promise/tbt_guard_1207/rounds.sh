@@ -4,16 +4,16 @@
 #   rounds.sh uniform 2 3     # every request TTFT 1 s / TPOT 200 ms, in /tmp/mt/u2, u3
 # Odd rounds run the guard first (as the plain system "rotasched", the base as the variant
 # "base"), even rounds the base first (the guard as the variant "tbt"). TREE: a checkout
-# with .venv (default: this one).
+# with .venv (default: this one). PREFIX: the results' name instead of r or u.
 set -u
 TREE=${TREE:-$(git rev-parse --show-toplevel)}
 cd "$TREE" || exit 1
 mkdir -p /tmp/mt
 workload=$1; shift
 if [ "$workload" = classes ]; then
-  prefix=r; targets=(--slo-classes gold=0.2,silver=0.3,bronze=0.5)
+  prefix=${PREFIX:-r}; targets=(--slo-classes gold=0.2,silver=0.3,bronze=0.5)
 else
-  prefix=u; targets=(--ttft-slo-ms 1000 --tbt-slo-ms 200)
+  prefix=${PREFIX:-u}; targets=(--ttft-slo-ms 1000 --tbt-slo-ms 200)
 fi
 for n in "$@"; do
   if (( n % 2 )); then
