@@ -90,23 +90,28 @@ def test_a_more_important_prompt_is_not_held_back_for_a_less_important_one():
     assert gold.num_computed_tokens == 1000  # its whole remaining prompt, uncapped
 
 
-def late_golds(step_model, seed: int) -> tuple[int, int]:
-    """(gold prompts whose first token was late, all gold prompts) over a mix of short gold
-    and long bronze prompts; every request must finish."""
+def golds_among_bronze(s, seed: int, max_tokens: tuple[int, int]) -> list:
+    """30 Poisson arrivals at 1/s on scheduler `s`, one in three a 10-60-token gold prompt,
+    the rest 200-900-token bronze prompts, each with `max_tokens` drawn from the range;
+    every request must finish. Returns the gold requests."""
     rng = random.Random(seed)
-    s = scheduler(step_model)
     arrivals, now = [], 0.0
     for i in range(30):
         now += rng.expovariate(1.0)
         targets = GOLD if i % 3 == 0 else BRONZE
         num_prompt = rng.randint(10, 60) if targets is GOLD else rng.randint(200, 900)
-        request = make_request(num_prompt, max_tokens=rng.randint(2, 20), request_id=f"r{i}",
-                               arrival_time=now)  # fmt: skip
+        request = make_request(num_prompt, max_tokens=rng.randint(*max_tokens),
+                               request_id=f"r{i}", arrival_time=now)  # fmt: skip
         arrivals.append((now, classed(request, targets)))
     requests = [r for _, r in arrivals]
     drive(s, MODEL, 10000, arrivals=arrivals)
     assert all(r.status is RequestStatus.FINISHED_LENGTH for r in requests)
-    golds = [r for r in requests if r.slo is GOLD]
+    return [r for r in requests if r.slo is GOLD]
+
+
+def late_golds(step_model, seed: int) -> tuple[int, int]:
+    """(gold prompts whose first token was late, all gold prompts) over `golds_among_bronze`."""
+    golds = golds_among_bronze(scheduler(step_model), seed, (2, 20))
     return sum(r.first_token_time - r.arrival_time > GOLD.ttft_s for r in golds), len(golds)
 
 

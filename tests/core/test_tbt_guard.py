@@ -5,10 +5,8 @@ request finishes (KV invariants checked after every step)."""
 
 from __future__ import annotations
 
-import random
-
 from superinfer.core.request import RequestStatus
-from tests.core.test_first_token_guard import MODEL, SILVER
+from tests.core.test_first_token_guard import MODEL, SILVER, golds_among_bronze
 from tests.core.test_step_shaping import BRONZE, CLASSES, GOLD, classed, drive
 from tests.factories import make_request, make_scheduler
 
@@ -88,22 +86,9 @@ def test_a_long_planned_output_sets_no_limit_early():
 
 
 def mean_gaps_over(step_model, seed: int) -> list[float]:
-    """Gold requests' mean gaps over a mix of short gold prompts with short outputs and
-    long bronze prompts; every request must finish."""
-    rng = random.Random(seed)
+    """Gold requests' mean gaps over `golds_among_bronze` with 3-12 output tokens each."""
     s = scheduler(step_model is not None, step_model or MODEL)
-    arrivals, now = [], 0.0
-    for i in range(30):
-        now += rng.expovariate(1.0)
-        targets = GOLD if i % 3 == 0 else BRONZE
-        num_prompt = rng.randint(10, 60) if targets is GOLD else rng.randint(200, 900)
-        request = make_request(num_prompt, max_tokens=rng.randint(3, 12), request_id=f"r{i}",
-                               arrival_time=now)  # fmt: skip
-        arrivals.append((now, classed(request, targets)))
-    requests = [r for _, r in arrivals]
-    drive(s, MODEL, 10000, arrivals=arrivals)
-    assert all(r.status is RequestStatus.FINISHED_LENGTH for r in requests)
-    return [mean_gap_s(r) for r in requests if r.slo is GOLD]
+    return [mean_gap_s(r) for r in golds_among_bronze(s, seed, (3, 12))]
 
 
 def test_mixed_arrivals_all_finish_and_fewer_gold_requests_miss_their_tpot():
