@@ -105,11 +105,10 @@ def on_wall_clock(load: EngineLoad, monotonic_now: float, wall_now: float) -> En
 
 
 def learned_factors(correction: Correction, class_order: Sequence[str]) -> dict[str | None, float]:
-    """The factor `correction` scales each class's raw estimate by; empty while it has not
-    learned one (it returns raw estimates then)."""
-    if not correction.to_dict():
-        return {}
-    return {name: correction.factor(name) for name in (*class_order, None)}
+    """The factor `correction` scales each class's raw estimate by, for the classes it
+    learned one for (its own or borrowed: `Correction.learned`; raw estimates for the rest)."""
+    factors = {name: correction.learned(name) for name in (*class_order, None)}
+    return {name: factor for name, factor in factors.items() if factor is not None}
 
 
 def _plain_load(load: EngineLoad) -> dict[str, Any]:
@@ -174,7 +173,7 @@ def predict(load: ReplicaLoad, demand: Demand, unreported: Sequence[Queued] = ()
     engine, estimator = _with(load, unreported), load.estimator
     first = estimator.first_token(engine, demand.num_prompt_tokens, demand.slo_class,
                                   demand.ttft_deadline, demand.num_cached_tokens)  # fmt: skip
-    ttft = load.expected_ttft_s(first.raw_s, demand.slo_class)
+    ttft = first.expected_s(lambda raw_s: load.expected_ttft_s(raw_s, demand.slo_class))
     between = estimator.tpot(engine, demand.num_prompt_tokens, demand.max_tokens,
                              demand.slo_class, demand.ttft_deadline, demand.tbt_s or 0.0,
                              num_cached_tokens=demand.num_cached_tokens)  # fmt: skip

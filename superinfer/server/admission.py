@@ -77,6 +77,8 @@ class Admission:
 
     def __post_init__(self) -> None:
         self.estimator = Estimator(self.class_order)
+        if not self.correction.class_order:  # a class borrows from the classes above it
+            self.correction.class_order = tuple(self.class_order)
         self.offered = TokenRate()  # the classes asking lately, admitted or not
 
     # --- estimates ------------------------------------------------------------------------
@@ -94,7 +96,9 @@ class Admission:
 
     def expected_ttft_s(self, demand: Demand, estimate: FirstTokenEstimate) -> float:
         """Seconds from now to the first token as the learned correction expects it."""
-        return self.correction.corrected_s(demand.slo_class, estimate.raw_s)
+        return estimate.expected_s(
+            lambda raw_s: self.correction.corrected_s(demand.slo_class, raw_s)
+        )
 
     def observe(self, slo_class: str | None, raw_estimate_s: float, measured_s: float) -> None:
         """An admitted request's first token came `measured_s` after admission; its raw

@@ -68,7 +68,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from superinfer.core.step_time import BatchShape
@@ -88,7 +88,6 @@ KV_HEADROOM_PER_CLASS = 0.1
 # stalls back under heavier load (docs/results/slo_promise/host_commit_1206/, uniform 3x:
 # precision 95-98%, goodput -19%).
 HOST_COMMIT_SHARE = 0.5
-_POOLED = object()  # the correction's key for all classes together
 
 
 @dataclass(frozen=True)
@@ -174,10 +173,29 @@ class FirstTokenEstimate:
     compute_s: float
     memory_s: float
     stretch: float = 1.0  # 1 / (1 - the share of time higher classes' arrivals take)
+    # with the first-token guard holding back the other prompts' chunks in the step that
+    # produces this token: the part of `compute_s` they may still take, and the time the
+    # guard holds that step to (inf: the guard is off or has no room to give)
+    filler_s: float = 0.0
+    guard_bound_s: float = math.inf
 
     @property
     def raw_s(self) -> float:
         return (self.compute_s + self.memory_s) * self.stretch
+
+    def expected_s(self, corrected: Callable[[float], float]) -> float:
+        """The first token as `corrected` (the learned correction of a raw estimate)
+        expects it. A step the first-token guard holds to its bound ends by that bound, so
+        the correction's margin applies only to the work before it and in it that the
+        guard cannot hold back (the step in flight, the prompts ahead, this prompt): the
+        correction, learned over every admitted request, would count the guard's own margin
+        a second time on the fillers it already bounds."""
+        expected_s = corrected(self.raw_s)
+        # the guard holds back no higher class's prompts, nor the wait for memory
+        if self.memory_s > 0 or self.stretch > 1.0 or not math.isfinite(self.guard_bound_s):
+            return expected_s
+        unheld_s = corrected(self.compute_s - self.filler_s)
+        return max(unheld_s, min(expected_s, self.guard_bound_s))
 
 
 @dataclass(frozen=True)
@@ -252,11 +270,13 @@ class Estimator:
         num_behind += load.num_queued_tokens - sum(q.num_tokens for q in ahead)
         num_joining = min(num_steps * budget - num_prefill,
                           num_behind + self._not_higher_rate(load, slo_class) * compute_s)  # fmt: skip
-        room_s = load.first_token_headroom * (deadline - load.now) - compute_s
-        if load.first_token_headroom and room_s >= 0 and load.prefill_s_per_token > 0:
-            # the scheduler holds them to what keeps its deadline (`TokenGuard`)
+        bound_s = load.first_token_headroom * (deadline - load.now)
+        room_s = bound_s - compute_s
+        is_guarded = load.first_token_headroom > 0 and room_s >= 0 and load.prefill_s_per_token > 0
+        if is_guarded:  # the scheduler holds them to what keeps its deadline (`TokenGuard`)
             num_joining = min(num_joining, room_s / load.prefill_s_per_token)
-        compute_s += num_joining * load.prefill_s_per_token
+        filler_s = num_joining * load.prefill_s_per_token
+        compute_s += filler_s
         num_needed = sum(_blocks(q.num_tokens, load.block_size) for q in ahead)
         num_needed += _blocks(num_prompt_tokens, load.block_size)
         num_needed += self._num_blocks_by_rank(load.swapped_blocks_by_class, slo_class)[0]
@@ -267,7 +287,8 @@ class Estimator:
             host_wait_s = _memory_wait_s(_host_guard_deficit(load), load.host_drain_blocks_per_s)
             memory_s = max(memory_s, host_wait_s)
         stretch = 1.0 / (1.0 - self._higher_share(load, slo_class))
-        return FirstTokenEstimate(compute_s, memory_s, stretch)
+        return FirstTokenEstimate(compute_s, memory_s, stretch, filler_s,
+                                  bound_s if is_guarded else math.inf)  # fmt: skip
 
     def tpot(
         self,
@@ -604,15 +625,18 @@ def _fit_two(samples: Sequence[tuple[float, float, float]]) -> tuple[float, floa
 class Correction:
     """Learned ratios of measured to estimated TTFT, per class.
 
-    `factor(cls)` is the `quantile` of the last `window` ratios of that class (the pooled
-    ratios of all classes until it has `min_samples`, 1 until those have), clamped to
-    [`low`, `high`]. Estimates below `floor_s` are
-    compared as `floor_s`: a near-idle engine's few milliseconds of estimate say little
-    about its error, and must not blow the ratio up. A first token served within
-    `floor_s` counts as a ratio of at least 1: its ratio to the floor is small only because
-    the request was, and a near-idle engine's many short prompts would otherwise pull the
-    factor down and make the estimate of a long prompt optimistic. It still counts as a
-    sample, so a class keeps its own factor.
+    `factor(cls)` is the `quantile` of the last `window` ratios of that class, clamped to
+    [`low`, `high`]. Until the class has `min_samples` of its own it borrows the factor of
+    the ratios of its class and the classes above it in `class_order` (a rare gold class
+    learns from nothing below it: a lower class's first tokens also wait for the chunks
+    the guards hold back for the classes above, which a gold request never does; a request
+    without a class, or of a class not in the order, ranks below all), and 1 until those
+    have `min_samples`. Estimates below `floor_s` are compared as `floor_s`: a near-idle
+    engine's few milliseconds of estimate say little about its error, and must not blow
+    the ratio up. A first token served within `floor_s` counts as a ratio of at least 1:
+    its ratio to the floor is small only because the request was, and a near-idle engine's
+    many short prompts would otherwise pull the factor down and make the estimate of a
+    long prompt optimistic. It still counts as a sample, so a class keeps its own factor.
     """
 
     def __init__(
@@ -623,13 +647,16 @@ class Correction:
         floor_s: float = 0.1,
         low: float = 0.5,
         high: float = 10.0,
+        class_order: Sequence[str] = (),
     ) -> None:
         if not 0 < quantile < 1:
             raise ValueError(f"quantile must lie in (0, 1), got {quantile}")
         self.quantile, self.window, self.min_samples = quantile, window, min_samples
         self.floor_s, self.low, self.high = floor_s, low, high
-        self._ratios: dict[object, deque[float]] = {}
-        self._factors: dict[object, float] = {}
+        self.class_order = tuple(class_order)
+        self._ratios: dict[str | None, deque[float]] = {}
+        self._factors: dict[str | None, float] = {}  # the classes with enough samples
+        self._borrowed: dict[str | None, float | None] = {}  # the others', computed once
 
     def observe(self, slo_class: str | None, estimated_s: float, measured_s: float) -> None:
         """One admitted request's raw estimate and measured TTFT (both from admission)."""
@@ -638,35 +665,49 @@ class Correction:
         ratio = measured_s / max(estimated_s, self.floor_s)
         if measured_s < self.floor_s:
             ratio = max(ratio, 1.0)  # within the floor: no error seen at a target's scale
-        for key in (slo_class, _POOLED):
-            ratios = self._ratios.setdefault(key, deque(maxlen=self.window))
-            ratios.append(ratio)
-            if len(ratios) >= self.min_samples:
-                ordered = sorted(ratios)
-                value = ordered[min(len(ordered) - 1, int(self.quantile * len(ordered)))]
-                self._factors[key] = min(self.high, max(self.low, value))
+        ratios = self._ratios.setdefault(slo_class, deque(maxlen=self.window))
+        ratios.append(ratio)
+        if len(ratios) >= self.min_samples:
+            self._factors[slo_class] = self._quantile(ratios)
+        self._borrowed.clear()
+
+    def _rank(self, slo_class: str | None) -> int:
+        order = self.class_order
+        return order.index(slo_class) if slo_class in order else len(order)
+
+    def _quantile(self, ratios: Collection[float]) -> float:
+        ordered = sorted(ratios)
+        value = ordered[min(len(ordered) - 1, int(self.quantile * len(ordered)))]
+        return min(self.high, max(self.low, value))
+
+    def learned(self, slo_class: str | None) -> float | None:
+        """The class's own factor, or the one it borrows; None: nothing learned for it."""
+        if slo_class in self._factors:
+            return self._factors[slo_class]
+        if slo_class not in self._borrowed:
+            rank = self._rank(slo_class)
+            ratios = [r for name, rs in self._ratios.items() if self._rank(name) <= rank
+                      for r in rs]  # fmt: skip
+            is_enough = len(ratios) >= self.min_samples
+            self._borrowed[slo_class] = self._quantile(ratios) if is_enough else None
+        return self._borrowed[slo_class]
 
     def factor(self, slo_class: str | None) -> float:
-        """The class's learned factor; the pooled one of all classes while the class has
-        too few samples of its own (a rare gold class learns from the busy bronze one)."""
-        return self._factors.get(slo_class, self._factors.get(_POOLED, 1.0))
+        """The class's learned factor (its own, or the one it borrows; 1 until either)."""
+        learned = self.learned(slo_class)
+        return 1.0 if learned is None else learned
 
     def corrected_s(self, slo_class: str | None, raw_s: float) -> float:
         """The TTFT to expect for a raw estimate of `raw_s`: the learned quantile ratio
         times the estimate taken at the floor, as the ratios were; `raw_s` itself until
-        the class has enough samples."""
-        if slo_class not in self._factors and _POOLED not in self._factors:
-            return raw_s
-        return self.factor(slo_class) * max(raw_s, self.floor_s)
+        the class has a factor."""
+        learned = self.learned(slo_class)
+        return raw_s if learned is None else learned * max(raw_s, self.floor_s)
 
     def applied(self, class_names: Sequence[str]) -> dict[str, float]:
         """The factor each of `class_names` and class-less requests ("none") have their
-        estimates scaled by now: a class's own, or the pooled one; empty until one is
+        estimates scaled by now: a class's own, or the one it borrows; empty until one is
         learned."""
-        if not self._factors:
+        if not self._factors and self.learned(None) is None:
             return {}
         return {name or "none": self.factor(name) for name in (*class_names, None)}
-
-    def to_dict(self) -> dict[str, float]:
-        return {("all" if name is _POOLED else str(name)): round(value, 4)
-                for name, value in self._factors.items()}  # fmt: skip

@@ -99,13 +99,13 @@ def test_the_learned_correction_refuses_what_the_raw_estimate_would_admit():
     gate = admission()
     backlog = load(2, 300)  # raw: 0.8 s + a step
     assert check(backlog, ttft_ms=1000, gate=gate).raw_s == pytest.approx(0.85)
-    for _ in range(30):  # first tokens came 1.5x later than estimated
-        gate.observe(None, 0.6, 0.9)
-    with pytest.raises(APIError):
+    for _ in range(30):  # gold's first tokens came 1.5x later than estimated
+        gate.observe("gold", 0.6, 0.9)
+    with pytest.raises(APIError):  # a class-less request borrows from every class
         check(backlog, ttft_ms=1000, gate=gate)
-    gold_backlog = Load(queue(2, 300, "gold"), step_time_s=0.05, prefill_s_per_token=0.002)
-    with pytest.raises(APIError):  # a class without samples borrows the pooled correction
-        check(gold_backlog, ttft_ms=1000, slo_class="gold", gate=gate)
+    silver_backlog = Load(queue(2, 300, "silver"), step_time_s=0.05, prefill_s_per_token=0.002)
+    with pytest.raises(APIError):  # silver, without samples, borrows gold's correction
+        check(silver_backlog, ttft_ms=1000, slo_class="silver", gate=gate)
 
 
 def test_a_queue_full_of_bronze_does_not_turn_gold_away():

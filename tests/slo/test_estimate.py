@@ -123,6 +123,27 @@ def test_the_first_token_guard_holds_the_work_behind_to_the_deadline():
     assert ESTIMATOR.first_token(unguarded, 100, "gold", 0.5).compute_s == pytest.approx(roomy)
 
 
+def test_a_learned_factor_does_not_push_a_guarded_first_token_past_the_guards_bound():
+    """The guard holds the step that produces the token to 0.9 of its deadline: a factor
+    learned over every request scales what the guard cannot hold back (the step in flight,
+    this prompt), not the fillers it already bounds; without the guard, the whole."""
+    bronze = Decoding(1.0, 10, 10, None, num_prefill_tokens=900, slo_class="bronze")
+    load = base(decoding=(bronze,), first_token_headroom=0.9, step_left_s=0.1)
+    estimate = ESTIMATOR.first_token(load, 100, "gold", deadline=0.5)
+    assert estimate.raw_s == pytest.approx(0.45)
+    assert estimate.guard_bound_s == pytest.approx(0.45)
+    unheld_s = 0.1 + 0.1 + 0.05  # the step in flight, this prompt, its step's decodes
+    assert estimate.filler_s == pytest.approx(0.45 - unheld_s)
+    assert estimate.expected_s(lambda s: 1.3 * s) == pytest.approx(0.45)  # not 0.585
+    assert estimate.expected_s(lambda s: 2.0 * s) == pytest.approx(2.0 * unheld_s)
+    unguarded = ESTIMATOR.first_token(dataclasses.replace(load, first_token_headroom=0.0), 100,
+                                      "gold", deadline=0.5)  # fmt: skip
+    assert unguarded.expected_s(lambda s: 1.3 * s) == pytest.approx(1.3 * unguarded.raw_s)
+    # a wait for memory, or higher classes arriving, are not the guard's to bound
+    waiting = dataclasses.replace(estimate, memory_s=0.2)
+    assert waiting.expected_s(lambda s: 1.3 * s) == pytest.approx(1.3 * waiting.raw_s)
+
+
 def test_the_rest_of_the_step_in_flight_comes_first():
     alone = ESTIMATOR.first_token(base(), 100, None, 5.0).compute_s
     busy = ESTIMATOR.first_token(base(step_left_s=0.3), 100, None, 5.0).compute_s
@@ -301,6 +322,26 @@ def test_first_tokens_within_the_floor_do_not_pull_the_factor_down():
     for _ in range(10):
         correction.observe("gold", 0.4, 0.44)  # long prompts, 10% slower than estimated
     assert correction.factor("gold") == pytest.approx(1.1)
+
+
+def test_a_class_borrows_only_from_itself_and_the_classes_above_it():
+    """Bronze's first tokens also wait for the chunks held back for gold: gold, short of
+    samples of its own, does not borrow bronze's factor; bronze and class-less requests
+    borrow from everything above them."""
+    correction = Correction(min_samples=5, class_order=("gold", "silver", "bronze"))
+    for _ in range(10):
+        correction.observe("bronze", 0.5, 1.0)  # held back: 2x its estimate
+    for _ in range(3):
+        correction.observe("gold", 0.5, 0.5)
+    assert correction.learned("gold") is None  # 3 samples of its own, none above it
+    assert correction.corrected_s("gold", 0.4) == 0.4
+    assert correction.factor("silver") == 1.0  # the 3 gold samples: still too few
+    assert correction.factor("bronze") == pytest.approx(2.0)  # its own
+    assert correction.factor(None) == pytest.approx(2.0)  # all 13, below every class
+    for _ in range(2):
+        correction.observe("gold", 0.5, 0.55)
+    assert correction.factor("gold") == pytest.approx(1.1)
+    assert correction.factor("silver") == pytest.approx(1.1)  # borrowed from gold
 
 
 def test_higher_classes_arriving_stretch_the_wait_of_lower_ones():
