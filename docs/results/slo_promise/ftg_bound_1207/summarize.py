@@ -1,0 +1,45 @@
+"""Condense `rounds.sh`'s result folders into runs.json and print the per-run table and the
+means by arm, with `../tbt_guard_1207/summarize.py`'s functions (this folder's arms:
+`--first-token-guard` as the plain system "rotasched" in odd rounds and as the variant
+"ftg" in even ones, the base the other way round).
+
+    python summarize.py /tmp/mt f1 f2 ...   # every SYSTEM_rateR.json in /tmp/mt/f1, ...
+    python summarize.py                     # prints the tables from runs.json
+"""
+
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).parent
+_spec = importlib.util.spec_from_file_location(
+    "tbt_summary", HERE.parent / "tbt_guard_1207" / "summarize.py"
+)
+tbt = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(tbt)
+
+
+def arm(run: str, system: str) -> str:
+    if system == "rotasched":
+        return "guard" if int(run[1:]) % 2 else "base"
+    return {"ftg": "guard"}.get(system, system)
+
+
+tbt.arm = arm
+
+if __name__ == "__main__":
+    out = HERE / "runs.json"
+    if len(sys.argv) > 2:
+        runs = {}
+        for name in sys.argv[2:]:
+            for path in sorted((Path(sys.argv[1]) / name).glob("*_rate*.json")):
+                match = re.fullmatch(r"(.+)_rate([\d.]+)\.json", path.name)
+                if match:
+                    runs[f"{name} {match[1]} {match[2]}"] = tbt.summarize(path)
+        out.write_text(json.dumps(runs, indent=1) + "\n")
+    runs = json.loads(out.read_text())
+    tbt.table(runs)
+    print()
+    tbt.averages(runs)
