@@ -345,7 +345,8 @@ class EngineCollector(Collector):
         family = GaugeMetricFamily(
             "superinfer:admission_ttft_correction",
             "Factor admission scales a class's TTFT estimates by: a high quantile of measured "
-            "over estimated TTFT, the class's own or pooled over the classes above it; absent until learned.",
+            "over estimated TTFT, the class's own or pooled over the classes above it; absent "
+            "until learned.",
             labels=["model_name", "slo_class"],
         )
         for name, factor in sorted(factors.items()):
