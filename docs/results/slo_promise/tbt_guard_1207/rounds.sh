@@ -4,9 +4,11 @@
 #   rounds.sh uniform 2 3     # every request TTFT 1 s / TPOT 200 ms, in /tmp/mt/u2, u3
 # Odd rounds run the guard first (as the plain system "rotasched", the base as the variant
 # "base"), even rounds the base first (the guard as the variant "tbt"). TREE: a checkout
-# with .venv (default: this one). PREFIX: the results' name instead of r or u.
+# with .venv (default: this one). PREFIX: the results' name instead of r or u. GUARD and
+# VARIANT: another on/off flag and its variant's name (../ftg_bound_1207/rounds.sh).
 set -u
 TREE=${TREE:-$(git rev-parse --show-toplevel)}
+GUARD=${GUARD:-tbt-guard} VARIANT=${VARIANT:-tbt}
 cd "$TREE" || exit 1
 mkdir -p /tmp/mt
 workload=$1; shift
@@ -17,9 +19,9 @@ else
 fi
 for n in "$@"; do
   if (( n % 2 )); then
-    arms=(--superinfer-args=--tbt-guard --variant base=--no-tbt-guard)
+    arms=(--superinfer-args=--$GUARD --variant base=--no-$GUARD)
   else
-    arms=(--variant tbt=--tbt-guard)
+    arms=(--variant $VARIANT=--$GUARD)
   fi
   HF_HUB_OFFLINE=1 PYTHONPATH=$TREE .venv/bin/python benchmarks/vs_vllm/run.py --no-probe \
     --duration 60 --systems rotasched "${arms[@]}" "${targets[@]}" --rates 4,6 \
