@@ -30,7 +30,7 @@ setters of its class and above not yet in the step. When only a step without fil
 still meet the deadline, the fillers get nothing; when not even that one can, the deadline
 holds nothing back (its token is late anyway). Admission prices the first-token limit
 (`Estimator.first_token`); the next-token limits only through its learned correction. The
-TBT guard is on by default, the first-token guard off (docs/policies.md says why).
+guards are on by default (docs/policies.md says what each costs).
 """
 
 from __future__ import annotations
