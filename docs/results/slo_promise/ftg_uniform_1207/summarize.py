@@ -1,0 +1,43 @@
+"""Condense `../ftg_bound_1207/rounds.sh uniform` result folders into runs.json and print the
+per-run table and the means by arm (`../ftg_bound_1207/summarize.py`'s arms and functions).
+
+    python summarize.py /tmp/mt fu1 fu2 ...   # every SYSTEM_rateR.json in /tmp/mt/fu1, ...
+    python summarize.py                       # prints the tables from runs.json
+"""
+
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).parent
+_spec = importlib.util.spec_from_file_location(
+    "ftg_summary", HERE.parent / "ftg_bound_1207" / "summarize.py"
+)
+ftg = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ftg)
+tbt = ftg.tbt
+
+
+def arm(run: str, system: str) -> str:
+    """As `../ftg_bound_1207/summarize.py`'s, for rounds named by any prefix (fu1, fu2...)."""
+    return ftg.arm("r" + re.sub(r"^\D+", "", run), system)
+
+
+tbt.arm = arm
+
+if __name__ == "__main__":
+    out = HERE / "runs.json"
+    if len(sys.argv) > 2:
+        runs = {}
+        for name in sys.argv[2:]:
+            for path in sorted((Path(sys.argv[1]) / name).glob("*_rate*.json")):
+                match = re.fullmatch(r"(.+)_rate([\d.]+)\.json", path.name)
+                if match:
+                    runs[f"{name} {match[1]} {match[2]}"] = tbt.summarize(path)
+        out.write_text(json.dumps(runs, indent=1) + "\n")
+    runs = json.loads(out.read_text())
+    tbt.table(runs)
+    print()
+    tbt.averages(runs)
