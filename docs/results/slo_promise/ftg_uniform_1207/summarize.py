@@ -6,9 +6,7 @@ per-run table and the means by arm (`../ftg_bound_1207/summarize.py`'s arms and 
 """
 
 import importlib.util
-import json
 import re
-import sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
@@ -28,16 +26,4 @@ def arm(run: str, system: str) -> str:
 tbt.arm = arm
 
 if __name__ == "__main__":
-    out = HERE / "runs.json"
-    if len(sys.argv) > 2:
-        runs = {}
-        for name in sys.argv[2:]:
-            for path in sorted((Path(sys.argv[1]) / name).glob("*_rate*.json")):
-                match = re.fullmatch(r"(.+)_rate([\d.]+)\.json", path.name)
-                if match:
-                    runs[f"{name} {match[1]} {match[2]}"] = tbt.summarize(path)
-        out.write_text(json.dumps(runs, indent=1) + "\n")
-    runs = json.loads(out.read_text())
-    tbt.table(runs)
-    print()
-    tbt.averages(runs)
+    tbt.main(HERE / "runs.json")

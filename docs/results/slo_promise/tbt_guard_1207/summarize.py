@@ -62,8 +62,10 @@ def table(runs: dict) -> None:
 
 _TTFT_MS = {"gold": 500, "silver": 1000, "bronze": 5000}  # the default classes; uniform: 1 s
 
-if __name__ == "__main__":
-    out = HERE / "runs.json"
+
+def main(out: Path) -> None:
+    """`python summarize.py ROOT RUN...` rewrites `out` from ROOT/RUN/*_rate*.json; both
+    forms print the tables from it (the folders that import this one call it too)."""
     if len(sys.argv) > 2:
         root = Path(sys.argv[1])
         runs = {}
@@ -77,3 +79,7 @@ if __name__ == "__main__":
     table(runs)
     print()
     averages(runs)
+
+
+if __name__ == "__main__":
+    main(HERE / "runs.json")
