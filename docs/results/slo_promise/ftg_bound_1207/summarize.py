@@ -5,9 +5,11 @@ means by arm, with `../tbt_guard_1207/summarize.py`'s functions (this folder's a
 
     python summarize.py /tmp/mt f1 f2 ...   # every SYSTEM_rateR.json in /tmp/mt/f1, ...
     python summarize.py                     # prints the tables from runs.json
+    python summarize.py --runs ../ftg_uniform_1207/runs.json [/tmp/mt fu1 ...]   # another
 """
 
 import importlib.util
+import re
 from pathlib import Path
 
 HERE = Path(__file__).parent
@@ -19,8 +21,8 @@ _spec.loader.exec_module(tbt)
 
 
 def arm(run: str, system: str) -> str:
-    if system == "rotasched":
-        return "guard" if int(run[1:]) % 2 else "base"
+    if system == "rotasched":  # the round's number after its prefix (f1, g2, fu3...)
+        return "guard" if int(re.sub(r"^\D+", "", run)) % 2 else "base"
     return {"ftg": "guard"}.get(system, system)
 
 

@@ -65,11 +65,15 @@ _TTFT_MS = {"gold": 500, "silver": 1000, "bronze": 5000}  # the default classes;
 
 def main(out: Path) -> None:
     """`python summarize.py ROOT RUN...` rewrites `out` from ROOT/RUN/*_rate*.json; both
-    forms print the tables from it (the folders that import this one call it too)."""
-    if len(sys.argv) > 2:
-        root = Path(sys.argv[1])
+    forms print the tables from it (the folders that import this one call it too).
+    `--runs PATH` first: PATH instead of `out`."""
+    args = sys.argv[1:]
+    if args[:1] == ["--runs"]:
+        out, args = Path(args[1]), args[2:]
+    if len(args) > 1:
+        root = Path(args[0])
         runs = {}
-        for name in sys.argv[2:]:
+        for name in args[1:]:
             for path in sorted((root / name).glob("*_rate*.json")):
                 match = re.fullmatch(r"(.+)_rate([\d.]+)\.json", path.name)
                 if match:
