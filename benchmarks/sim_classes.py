@@ -79,7 +79,8 @@ def sim_config_of(result: dict[str, Any], server_log: Path, predictor: str, seed
                                                   "tbt_slo_ms": workload["tbt_slo_ms"]}  # fmt: skip
     return SimConfig(scheduler=engine.scheduler, cache=cache, hardware="cpu",
                      model="smollm2-135m", predictor=predictor, noise_seed=seed,
-                     admission=server.reject_infeasible_ttft, slo_config=server.slo_config,
+                     admission=server.reject_infeasible_ttft,
+                     reject_infeasible_tbt=server.reject_infeasible_tbt, slo_config=server.slo_config,
                      **targets)  # fmt: skip
 
 

@@ -60,13 +60,15 @@ class ServerConfig:
         "estimate. Requests on the default targets are never rejected for TTFT.",
     )
     reject_infeasible_tbt: bool = opt(
-        False,
-        "Experimental (off until it is measured to help; docs/slo.md). Answer 425 "
-        "slo_infeasible (reason tbt_infeasible) when a request that set a TBT "
+        True,
+        "Answer 425 slo_infeasible (reason tbt_infeasible) when a request that set a TBT "
         "target (or whose class rejects infeasible requests) cannot get a token every TBT "
         "on average by the server's estimate, or its prompt would make running requests of "
         "its class or above miss the TBT they were admitted with. Requests on the default "
-        "targets are never rejected for TBT.",
+        "targets are never rejected for TBT. On by default since 12-07: two one-thread "
+        "replicas overloaded with multi-turn chat kept 63-74%% of the promises they made "
+        "without it and 96-98%% with it, and the single server's class mix was unchanged "
+        "(docs/slo.md).",
     )
     admission_quantile: float = opt(
         0.9,

@@ -45,7 +45,7 @@ class SimAdmission:
     """Decides at each arrival; learns from each first token."""
 
     def __init__(self, slo: SLOConfig, predictor: StepTimePredictor, max_num_queued_reqs: int,
-                 max_num_queued_tokens: int, is_reject_infeasible_tbt: bool = False,
+                 max_num_queued_tokens: int, is_reject_infeasible_tbt: bool = True,
                  ) -> None:  # fmt: skip
         self.slo = slo
         self.is_reject_infeasible_tbt = is_reject_infeasible_tbt  # as the server's flag

@@ -94,6 +94,12 @@ class SimConfig:
         "request's TTFT target or deadline cannot be met, 429 on a full queue), learning the "
         "estimate's correction from each first token; off: every servable request is served.",
     )
+    reject_infeasible_tbt: bool = opt(
+        True,
+        "With --admission, also refuse (425) a request whose TBT target the estimate says "
+        "cannot be kept, or that would make admitted requests miss theirs, as `superinfer "
+        "serve --reject-infeasible-tbt` does (its default).",
+    )
     drain_timeout_s: float = opt(
         600.0, "Virtual seconds after the last arrival before unfinished requests are aborted."
     )

@@ -160,7 +160,8 @@ def build_engine(system: SimSystem, loop: EventLoop) -> SimEngine:
     noise = None if system.noise.is_exact else StepNoise(system.noise, config.noise_seed)
     admission = None
     if config.admission:  # the server's bounds on the waiting queue (ServerConfig's defaults)
-        admission = SimAdmission(system.slo, system.predictor, 1024, 1 << 20)
+        admission = SimAdmission(system.slo, system.predictor, 1024, 1 << 20,
+                                 config.reject_infeasible_tbt)  # fmt: skip
     return SimEngine(
         scheduler, SimModelRunner(system.predictor, noise), transfer, pipeline,
         config.check_invariants_every, config.timeline_interval_s, admission,

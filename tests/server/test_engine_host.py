@@ -118,3 +118,37 @@ def test_admission_leaves_out_the_prefix_the_cache_holds(tmp_path):
     assert num_hit >= 192  # the repeat's prefill read 12 of its ~13 blocks from the cache
     assert min(first, other) >= 0.2  # 200 tokens and more at 1 ms
     assert again < 0.5 * min(first, other)
+
+
+async def tbt_answers(tmp_path) -> dict[bool, str]:
+    """A request whose TBT target no step of this engine keeps (1 ms against the 10 ms a
+    warm-up would have measured), under the default flags and with the TBT check off: the
+    refusal's reason, or "admitted"."""
+    answers = {}
+    for is_checked in (True, False):
+        config = ServerConfig() if is_checked else ServerConfig(reject_infeasible_tbt=False)
+        slo_log = SLOLog(tmp_path / f"slo_{is_checked}.jsonl")
+        host = EngineHost(config, ENGINE, slo_log, ServerMetrics("m", None),
+                          RateLimitedLog(logging.getLogger(__name__)))  # fmt: skip
+        await host.start()
+        host.warmup_step_time_s, host.warmup_prefill_s_per_token = 0.01, 1e-3  # no warm-up here
+        engine = host.engine.engine
+        preparer = RequestPreparer(engine.tokenizer, engine.model_config.vocab_size, 512,
+                                   SLOConfig())  # fmt: skip
+        body = CompletionRequest.model_validate({"prompt": "Hello", "max_tokens": 8})
+        arrival = Arrival(time.monotonic(), time.time())
+        try:
+            stream, _ = host.admit(preparer.prepare(body, {"x-slo-tbt-ms": "1"}, arrival),
+                                   arrival, 8)  # fmt: skip
+            _ = [output async for output in stream]
+            answers[is_checked] = "admitted"
+        except APIError as error:
+            answers[is_checked] = error.reason
+        finally:
+            await host.shutdown()
+            slo_log.close()
+    return answers
+
+
+def test_the_tbt_check_is_on_by_default(tmp_path):
+    assert asyncio.run(tbt_answers(tmp_path)) == {True: "tbt_infeasible", False: "admitted"}

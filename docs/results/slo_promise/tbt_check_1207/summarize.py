@@ -1,0 +1,32 @@
+"""Condense the rounds' result folders into runs.json and print the per-run table and the
+means by arm, with `../tbt_guard_1207/summarize.py`'s functions (this folder's arms:
+`--reject-infeasible-tbt` as the plain system "rotasched" in odd rounds and as the variant
+"chk" in even ones, the base the other way round).
+
+    python summarize.py /tmp/mt tc1 tc2                     # the class mix, into runs.json
+    python summarize.py --runs uniform_runs.json /tmp/mt tu1 tu2   # every request on 1 s / 200 ms
+    python summarize.py [--runs uniform_runs.json]          # prints the tables
+"""
+
+import importlib.util
+import re
+from pathlib import Path
+
+HERE = Path(__file__).parent
+_spec = importlib.util.spec_from_file_location(
+    "tbt_summary", HERE.parent / "tbt_guard_1207" / "summarize.py"
+)
+tbt = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(tbt)
+
+
+def arm(run: str, system: str) -> str:
+    if system == "rotasched":  # the round's number after its prefix (tc1, tu2...)
+        return "check" if int(re.sub(r"^\D+", "", run)) % 2 else "base"
+    return {"chk": "check"}.get(system, system)
+
+
+tbt.arm = arm
+
+if __name__ == "__main__":
+    tbt.main(HERE / "runs.json")
