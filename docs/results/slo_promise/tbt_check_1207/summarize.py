@@ -8,16 +8,13 @@ means by arm, with `../tbt_guard_1207/summarize.py`'s functions (this folder's a
     python summarize.py [--runs uniform_runs.json]          # prints the tables
 """
 
-import importlib.util
 import re
+import runpy
 from pathlib import Path
 
 HERE = Path(__file__).parent
-_spec = importlib.util.spec_from_file_location(
-    "tbt_summary", HERE.parent / "tbt_guard_1207" / "summarize.py"
-)
-tbt = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(tbt)
+# ../ftg_bound_1207/summarize.py loads ../tbt_guard_1207/summarize.py as `tbt`
+tbt = runpy.run_path(str(HERE.parent / "ftg_bound_1207" / "summarize.py"))["tbt"]
 
 
 def arm(run: str, system: str) -> str:
