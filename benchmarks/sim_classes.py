@@ -80,8 +80,8 @@ def sim_config_of(result: dict[str, Any], server_log: Path, predictor: str, seed
     return SimConfig(scheduler=engine.scheduler, cache=cache, hardware="cpu",
                      model="smollm2-135m", predictor=predictor, noise_seed=seed,
                      admission=server.reject_infeasible_ttft,
-                     reject_infeasible_tbt=server.reject_infeasible_tbt, slo_config=server.slo_config,
-                     **targets)  # fmt: skip
+                     reject_infeasible_tbt=server.reject_infeasible_tbt,
+                     slo_config=server.slo_config, **targets)  # fmt: skip
 
 
 def shares(attainment: dict[str, Any]) -> dict[str, float | None]:

@@ -1,6 +1,7 @@
 """The engine host on the real default model, without HTTP: every admitted request leaves
 exactly one SLO record (finished, aborted by its client, aborted by the drain), a reused
-request id is refused, and the debug report sees a clean engine afterwards."""
+request id is refused, the debug report sees a clean engine afterwards, and admission
+refuses a TBT target no step keeps unless its TBT check is turned off."""
 
 from __future__ import annotations
 
