@@ -8,7 +8,8 @@ import argparse
 import json
 from pathlib import Path
 
-ARMS = {"mg_slo": "slo, default", "mc_chk": "slo, TBT check", "mg_p2": "power-of-two, default"}
+ARMS = {"mg_slo": "slo, default", "mc_chk": "slo, TBT check", "mg_p2": "power-of-two, default",
+        "md_slo": "slo, new default", "md_p2": "power-of-two, new default"}
 
 
 def main() -> None:
