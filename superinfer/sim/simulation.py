@@ -168,7 +168,9 @@ def build_engine(system: SimSystem, loop: EventLoop) -> SimEngine:
     )  # fmt: skip
 
 
-def make_request(index: int, spec: SimRequest, targets: SLOTargets) -> Request:
+def make_request(index: int, spec: SimRequest, targets: SLOTargets, priority: int = 0) -> Request:
+    """The engine's request for `spec`; `priority` is its class's, as the server sets it
+    (`SLOConfig.priority_of`: the class's rank unless the config gives one)."""
     base = index * TOKEN_STRIDE
     return Request(
         request_id=str(index),
@@ -177,6 +179,7 @@ def make_request(index: int, spec: SimRequest, targets: SLOTargets) -> Request:
             max_tokens=spec.num_output_tokens, temperature=0.0, ignore_eos=True
         ),
         arrival_time=spec.arrival_s,
+        priority=priority,
         slo=targets,
     )
 
@@ -210,7 +213,8 @@ def simulate(
             raise ValueError(
                 f"unknown SLO class {spec.slo_class!r}; configured: {system.slo.class_names}"
             )
-        requests.append(make_request(i, spec, targets[spec.slo_class]))
+        priority = system.slo.priority_of(spec.slo_class)
+        requests.append(make_request(i, spec, targets[spec.slo_class], priority))
     for request in requests:
         loop.post(Arrival(request.arrival_time, request))
     last_arrival = max((r.arrival_time for r in requests), default=0.0)

@@ -175,3 +175,18 @@ def test_class_order_and_reservations_from_the_slo_config_keep_gold_fast_under_a
     assert by_rank["gold"]["p90_ttft_ms"] < without["gold"]["p90_ttft_ms"] / 2
     with pytest.raises(ValueError, match="silver"):
         run_small([replace(workload[0], slo_class="silver")], slo_config=str(path))
+
+
+def test_a_class_gives_its_requests_the_servers_priority_which_the_priority_policy_serves(
+    tmp_path,
+):
+    path = tmp_path / "classes.yaml"
+    path.write_text(CLASSES)
+    workload = [replace(r, slo_class="gold" if i % 4 == 0 else "bronze")
+                for i, r in enumerate(small_workload(num_requests=60, rate=12.0))]  # fmt: skip
+    flat = {"slo_config": str(path), "class_reservations": {}, "class_order": ()}  # no ranks
+    priority = run_small(workload, policy="priority", **flat)
+    fcfs = run_small(workload, policy="fcfs-recompute", **flat)
+    assert {r.slo.slo_class: r.priority for r in priority.requests} == {"gold": 0, "bronze": 1}
+    by_priority, by_arrival = result_json(priority)["classes"], result_json(fcfs)["classes"]
+    assert by_priority["gold"]["p90_ttft_ms"] < by_arrival["gold"]["p90_ttft_ms"]
