@@ -31,8 +31,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("seeds", type=int, nargs="+")
     parser.add_argument("--dir", type=Path, default=Path(__file__).parent / "runs")
-    parser.add_argument("--prefix", default="kr", help="the runs' file names: PREFIX_ARM_sSEED.json")
-    parser.add_argument("--arms", default="new,old,p2", help="comma-separated, power-of-two (p2) last")
+    parser.add_argument(
+        "--prefix", default="kr", help="the runs' file names: PREFIX_ARM_sSEED.json"
+    )
+    parser.add_argument(
+        "--arms", default="new,old,p2", help="comma-separated, power-of-two (p2) last"
+    )
     args = parser.parse_args()
     arms = {arm: ARMS[arm] for arm in args.arms.split(",")}
     rows: dict[str, list[dict[str, float]]] = {arm: [] for arm in arms}
@@ -58,11 +62,16 @@ def main() -> None:
                  for key in ("all", *CLASSES)]  # fmt: skip
         ahead = sum(a["all"] > b["all"] for a, b in pairs)
         refused = statistics.mean(a["refused"] - b["refused"] for a, b in pairs)
-        print(f"{ARMS[arm]} - power-of-two, n={len(pairs)}: " + "; ".join(parts)
-              + f"; ahead in {ahead}; refused {refused:+.1f} a run")
+        print(
+            f"{ARMS[arm]} - power-of-two, n={len(pairs)}: "
+            + "; ".join(parts)
+            + f"; ahead in {ahead}; refused {refused:+.1f} a run"
+        )
     pairs = list(zip(rows.get("new", []), rows.get("old", [])))
     if pairs:
-        print(f"KV room - before, n={len(pairs)}: all {_mean_se([a['all'] - b['all'] for a, b in pairs])}")
+        print(
+            f"KV room - before, n={len(pairs)}: all {_mean_se([a['all'] - b['all'] for a, b in pairs])}"
+        )
 
 
 if __name__ == "__main__":
