@@ -52,6 +52,7 @@ class SchedulerStats:
     num_swap_ins: int = 0
     num_proactive_rotations: int = 0  # swap-outs decided before memory ran short
     num_released_blocks: int = 0  # device blocks freed by requests that ended
+    num_finished: int = 0  # requests that ended (each gave back its seat of max_num_seqs)
 
 
 class _StepPlan:
@@ -191,6 +192,7 @@ class Scheduler:
         self._queue_of(request).remove(request)
         del self.requests[request.request_id]
         self.stats.num_released_blocks += self.kv.num_device_blocks_of(request)
+        self.stats.num_finished += 1
         self.kv.free(request)
         request.status = status
         request.finished_time = now

@@ -133,6 +133,7 @@ class AsyncEngine:
         # device blocks released per second by ended requests, over recent publishes
         self._release_rate = ReleaseRate(_RELEASE_WINDOW_S)
         self._host_drain = DrainRate(_RELEASE_WINDOW_S)  # and pinned host blocks drained
+        self._finish_rate = ReleaseRate(_RELEASE_WINDOW_S)  # and seats freed by finishing
         self._cond = threading.Condition()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -456,6 +457,7 @@ class AsyncEngine:
             num_generation_tokens=self._num_generation_tokens,
             release_blocks_per_s=self._release_rate.update(
                 self.engine.clock(), snapshot.num_released_blocks),
+            finished_per_s=self._finish_rate.update(self.engine.clock(), snapshot.num_finished),
             host_drain_blocks_per_s=self._host_drain.update(self.engine.clock(),
                 num_pinned_host_blocks(snapshot.num_host_blocks, snapshot.num_free_host_blocks,
                                        snapshot.num_reclaimable_host_blocks)),

@@ -8,7 +8,7 @@ nothing outside `engine/` reads them.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,6 +71,11 @@ class EngineSnapshot:
     swapped_blocks_by_class: Mapping[str | None, int] = field(default_factory=dict)
     num_released_blocks: int = 0  # device blocks freed by requests that ended, in all
     release_blocks_per_s: float = 0.0  # of those, recently (the async engine's to add)
+    max_num_seqs: int = 0  # the running batch's seats (0: no engine built yet)
+    running_by_class: Mapping[str | None, int] = field(default_factory=dict)  # requests
+    swapped_by_class: Mapping[str | None, int] = field(default_factory=dict)
+    num_finished: int = 0  # requests that ended, in all
+    finished_per_s: float = 0.0  # of those, recently (the async engine's to add)
     host_drain_blocks_per_s: float = 0.0  # how fast the pinned host blocks fall (likewise)
 
 
@@ -107,6 +112,10 @@ def build_snapshot(scheduler: Scheduler, transfer: TransferStats) -> EngineSnaps
         running_blocks_by_class=_blocks_by_class(scheduler),
         swapped_blocks_by_class=swapped_blocks_by_class(scheduler),
         num_released_blocks=stats.num_released_blocks,
+        max_num_seqs=scheduler.config.max_num_seqs,
+        running_by_class=requests_by_class(scheduler.running),
+        swapped_by_class=requests_by_class(scheduler.swapped),
+        num_finished=stats.num_finished,
         decoding=decoding_requests(scheduler),
         decode_row_s=decode_row_cost(scheduler),
         num_prefill_tokens_per_step=scheduler.num_prefill_tokens_per_step(),
@@ -165,6 +174,11 @@ def _blocks_by_class(scheduler: Scheduler) -> dict[str | None, int]:
     for request in scheduler.running:
         blocks[request.slo.slo_class] += scheduler.kv.num_device_blocks_of(request)
     return dict(blocks)
+
+
+def requests_by_class(requests: Iterable[Request]) -> dict[str | None, int]:
+    """How many of `requests` each class has."""
+    return dict(Counter(request.slo.slo_class for request in requests))
 
 
 def swapped_blocks_by_class(scheduler: Scheduler) -> dict[str | None, int]:

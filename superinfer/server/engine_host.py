@@ -91,6 +91,7 @@ class EngineHost:
         self.engine: AsyncEngine | None = None  # set once built
         self.inflight: dict[str, Inflight] = {}
         self.admitted_tokens = TokenRate()  # what higher classes' arrivals will take
+        self.admitted_requests = TokenRate()  # and the seats they will take (one each)
         self.warmup_step_time_s = 0.0
         self.warmup_prefill_s_per_token = 0.0
         self._on_report = on_report
@@ -178,8 +179,11 @@ class EngineHost:
             running_blocks_by_class=snapshot.running_blocks_by_class,
             swapped_blocks_by_class=snapshot.swapped_blocks_by_class,
             release_blocks_per_s=snapshot.release_blocks_per_s,
+            max_num_seqs=snapshot.max_num_seqs, running_by_class=snapshot.running_by_class,
+            swapped_by_class=snapshot.swapped_by_class, finished_per_s=snapshot.finished_per_s,
             host_drain_blocks_per_s=snapshot.host_drain_blocks_per_s,
             prompt_tokens_per_s_by_class=self.admitted_tokens.rates(time.monotonic()),
+            requests_per_s_by_class=self.admitted_requests.rates(time.monotonic()),
             decoding=snapshot.decoding,
             decode_step_s=snapshot.decode_step_s if is_busy else self.warmup_step_time_s,
             now=time.monotonic(), num_device_blocks=snapshot.num_device_blocks,
@@ -210,6 +214,7 @@ class EngineHost:
             self.load(), demand, slo.targets.max_latency_ms, slo.is_reject_infeasible, ttft_ms
         )
         self.admitted_tokens.add(now, slo.targets.slo_class, demand.num_prompt_tokens)
+        self.admitted_requests.add(now, slo.targets.slo_class, 1)
         inflight = Inflight(prepared, arrival, estimate=estimate, admitted_at=now)
         inflight.estimated_ttft_ms = estimated_ttft_ms(
             demand, self.admission.expected_ttft_s(demand, estimate)

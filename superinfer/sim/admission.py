@@ -23,6 +23,7 @@ from superinfer.engine.snapshot import (
     decode_row_cost,
     decoding_requests,
     queued_request,
+    requests_by_class,
     swapped_blocks_by_class,
 )
 from superinfer.server.admission import Admission, Demand, Load
@@ -61,8 +62,11 @@ class SimAdmission:
         self.step_time_s = 0.0
         self.decode_step_s = 0.0  # the same average over steps without prefill tokens
         self.admitted_tokens = TokenRate(_RELEASE_WINDOW_S)
+        self.admitted_requests = TokenRate(_RELEASE_WINDOW_S)
         self.release_rate = ReleaseRate(_RELEASE_WINDOW_S)
         self.release_blocks_per_s = 0.0
+        self.finish_rate = ReleaseRate(_RELEASE_WINDOW_S)  # seats freed by finishing requests
+        self.finished_per_s = 0.0
         self.host_drain = DrainRate(_RELEASE_WINDOW_S)
         self.host_drain_blocks_per_s = 0.0
         self._estimates: dict[str, tuple[Request, float]] = {}  # no first token yet: raw s
@@ -90,6 +94,7 @@ class SimAdmission:
             self.reasons[request.request_id] = error.code
             return False
         self.admitted_tokens.add(now, targets.slo_class, request.num_prompt_tokens)
+        self.admitted_requests.add(now, targets.slo_class, 1)
         self._estimates[request.request_id] = (request, estimate.raw_s)
         return True
 
@@ -119,8 +124,13 @@ class SimAdmission:
             host_admission_guard=scheduler.policy.host_admission_guard,
             swapped_blocks_by_class=swapped_blocks_by_class(scheduler),
             release_blocks_per_s=self.release_blocks_per_s,
+            max_num_seqs=scheduler.config.max_num_seqs,
+            running_by_class=requests_by_class(scheduler.running),
+            swapped_by_class=requests_by_class(scheduler.swapped),
+            finished_per_s=self.finished_per_s,
             host_drain_blocks_per_s=self.host_drain_blocks_per_s,
             prompt_tokens_per_s_by_class=self.admitted_tokens.rates(now),
+            requests_per_s_by_class=self.admitted_requests.rates(now),
             decoding=decoding_requests(scheduler),
             decode_step_s=self.decode_step_s if is_busy else self.idle_step_s, now=now,
             num_device_blocks=kv.device.num_blocks, decode_row_s=decode_row_cost(scheduler),
@@ -140,6 +150,7 @@ class SimAdmission:
         self.release_blocks_per_s = self.release_rate.update(
             now, scheduler.stats.num_released_blocks
         )
+        self.finished_per_s = self.finish_rate.update(now, scheduler.stats.num_finished)
         kv = scheduler.kv
         num_reclaimable = kv.num_reclaimable_host_blocks(scheduler.policy.host_admission_guard)
         self.host_drain_blocks_per_s = self.host_drain.update(

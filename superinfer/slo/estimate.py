@@ -26,7 +26,10 @@ Pure Python over plain data: `EngineLoad` is built from the engine's published s
                   the host blocks to be freed before the policy's host guard lets a
                   newcomer in (rotasched: 90% used), over the rate the host tier drains
                   (rotation refills it: a full host tier that holds steady admits no
-                  newcomer, however fast device blocks free up)
+                  newcomer, however fast device blocks free up); or the wait for a seat
+                  in the running batch (`max_num_seqs`): the requests of this class and
+                  above running or rotated out and the queue ahead beyond the seats, over
+                  the rate requests finish; whichever is longest
     higher      = the share of the engine's time that prefilling more important classes'
                   new arrivals takes (their recent prompt tokens per second x the prefill
                   cost per token): they will be served ahead of this request while it
@@ -144,12 +147,17 @@ class EngineLoad:
     release_blocks_per_s: float = 0.0  # device blocks freed by finishing requests, recently
     host_drain_blocks_per_s: float = 0.0  # how fast the host tier's pinned blocks fall, recently
     prompt_tokens_per_s_by_class: Mapping[str | None, float] = field(default_factory=dict)
+    requests_per_s_by_class: Mapping[str | None, float] = field(default_factory=dict)  # admitted
     decoding: tuple[Decoding, ...] = ()  # running and rotated-out requests
     decode_step_s: float = 0.0  # one step without prefill tokens (0: as step_time_s)
     now: float = 0.0  # the engine clock when this load was read
     num_device_blocks: int = 0  # the device pool's size (0: not known, not checked)
     decode_row_s: float = 0.0  # what one more decoding sequence adds to a step (0: unknown)
     step_left_s: float = 0.0  # until the step in flight ends (0: none, or not known)
+    max_num_seqs: int = 0  # the running batch's seats (0: not known, not checked)
+    running_by_class: Mapping[str | None, int] = field(default_factory=dict)  # requests
+    swapped_by_class: Mapping[str | None, int] = field(default_factory=dict)
+    finished_per_s: float = 0.0  # requests that ended per second, recently (seats freed)
 
     @property
     def decode_only_step_s(self) -> float:
@@ -286,6 +294,7 @@ class Estimator:
             # the policy's host guard holds it back (a lower class running lets it pass)
             host_wait_s = _memory_wait_s(_host_guard_deficit(load), load.host_drain_blocks_per_s)
             memory_s = max(memory_s, host_wait_s)
+        memory_s = max(memory_s, self._seat_wait_s(load, slo_class, len(ahead)))
         stretch = 1.0 / (1.0 - self._higher_share(load, slo_class))
         return FirstTokenEstimate(compute_s, memory_s, stretch, filler_s,
                                   bound_s if is_guarded else math.inf)  # fmt: skip
@@ -404,6 +413,25 @@ class Estimator:
         """Seconds from now to the last token: the first, then a step per token."""
         return first_token_s + max(0, max_tokens - 1) * load.step_time_s
 
+    def _seat_wait_s(self, load: EngineLoad, slo_class: str | None, num_ahead: int) -> float:
+        """The wait for a seat in the running batch (`max_num_seqs`): the running requests
+        of this class and above, its rotated-out ones and the queue ahead (they are seated
+        first) and this one, beyond the seats, over the rate requests finish less the rate
+        more important classes are admitted (their newcomers take the seats that free up
+        first). A lower class's seat is as good as free: the scheduler displaces it, as for
+        memory. Where
+        memory is large, the seats bind first (at GH200 scale with 256 seats, admitted
+        bronze requests waited 54 s for one: docs/results/sim/classes_gh200_1207/)."""
+        if not load.max_num_seqs:
+            return 0.0
+        num_seated = self._num_blocks_by_rank(load.running_by_class, slo_class)[0]
+        num_returning = self._num_blocks_by_rank(load.swapped_by_class, slo_class)[0]
+        num_deficit = num_seated + num_returning + num_ahead + 1 - load.max_num_seqs
+        rank = self.rank(slo_class)
+        higher_per_s = sum(rate for name, rate in load.requests_per_s_by_class.items()
+                           if self.rank(name) < rank)  # fmt: skip
+        return _memory_wait_s(num_deficit, load.finished_per_s - higher_per_s)
+
     def _num_available_blocks(self, load: EngineLoad, slo_class: str | None) -> int:
         """Free device blocks, plus all of a lower class's running ones: the scheduler
         rotates them to the host tier to make room, or drops them for recompute when it is
@@ -415,7 +443,8 @@ class Estimator:
     def _num_blocks_by_rank(
         self, blocks_by_class: Mapping[str | None, int], slo_class: str | None
     ) -> tuple[int, int]:
-        """(blocks of this class and those above, blocks of the classes below)."""
+        """(blocks of this class and those above, blocks of the classes below); or of
+        any other count by class."""
         rank = self.rank(slo_class)
         num_at_or_above = num_below = 0
         for name, blocks in blocks_by_class.items():

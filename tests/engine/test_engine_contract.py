@@ -75,11 +75,14 @@ def test_the_snapshot_is_the_load_picture(engine):
     assert (running.num_waiting, running.num_running) == (0, 1)
     assert running.num_steps > before.num_steps and running.device_kv_usage > 0
     assert running.running_blocks_by_class == {None: 2}  # 12 tokens, 8 a block
+    assert running.running_by_class == {None: 1} and running.swapped_by_class == {}
+    assert running.max_num_seqs == engine.config.scheduler.max_num_seqs
     assert running.num_free_device_blocks == 62
     assert running.num_device_blocks == 64 and running.num_host_blocks == 64
     run_all(engine)
     assert engine.snapshot().num_inflight_transfers == 0
     assert engine.snapshot().num_released_blocks - before.num_released_blocks == 2
+    assert engine.snapshot().num_finished - before.num_finished == 1  # its seat is free
 
 
 def test_abort_returns_the_final_output_without_a_placeholder(engine):

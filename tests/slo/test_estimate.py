@@ -238,6 +238,26 @@ def test_memory_bound_waits_for_blocks_to_be_released():
     assert ESTIMATOR.first_token(unknown, 100, None, 5.0).memory_s == UNKNOWN_MEMORY_WAIT_S
 
 
+def test_full_seats_make_a_newcomer_wait_for_requests_to_finish_in_class_order():
+    """With memory to spare, `max_num_seqs` binds: the running and rotated-out requests of
+    its class and above and the queue ahead take the seats first, lower classes' seats are
+    taken from them, and more important newcomers take the seats that free up first."""
+    seats = {"max_num_seqs": 4, "num_free_device_blocks": 10_000, "finished_per_s": 2.0}
+    load = base(running_by_class={"silver": 3, "bronze": 1}, swapped_by_class={"silver": 1},
+                queued=(Queued(0.1, 10, "silver"),), **seats)  # fmt: skip
+    # silver: 3 running + 1 rotated out + 1 queued ahead + itself = 6 for 4 seats
+    assert ESTIMATOR.first_token(load, 10, "silver", deadline=5.0).memory_s == pytest.approx(1.0)
+    # gold takes bronze's and silver's seats: nothing to wait for
+    assert ESTIMATOR.first_token(load, 10, "gold", deadline=5.0).memory_s == 0.0
+    # gold newcomers at 1.5 a second leave silver 0.5 seats a second
+    busy = dataclasses.replace(load, requests_per_s_by_class={"gold": 1.5, "bronze": 9.0})
+    assert ESTIMATOR.first_token(busy, 10, "silver", deadline=5.0).memory_s == pytest.approx(4.0)
+    flooded = dataclasses.replace(load, requests_per_s_by_class={"gold": 2.0})
+    assert ESTIMATOR.first_token(flooded, 10, "silver", 5.0).memory_s == UNKNOWN_MEMORY_WAIT_S
+    unlimited = dataclasses.replace(load, max_num_seqs=0)  # no engine: not checked
+    assert ESTIMATOR.first_token(unlimited, 10, "silver", deadline=5.0).memory_s == 0.0
+
+
 def test_a_full_host_tier_holds_a_newcomer_back_as_the_policys_guard_does():
     """rotasched admits no brand-new request while its host tier is over 90% used: device
     room does not help until the host tier drains under the guard, and a host tier that
