@@ -132,7 +132,7 @@ class Admission:
         except APIError as error:  # the refusal reports the estimate (errors.py)
             error.estimated_ttft_ms = estimated_ttft_ms(demand, ttft_s)
             logger.debug("refused (%s): %d prompt tokens, class %s; first token: compute "
-                         "%.0f ms + memory %.0f ms, x%.2f for classes above, x%.2f learned; %s",
+                         "%.0f ms + memory or seat %.0f ms, x%.2f for classes above, x%.2f learned; %s",
                          error.reason, demand.num_prompt_tokens, demand.slo_class,
                          estimate.compute_s * 1e3, estimate.memory_s * 1e3, estimate.stretch,
                          ttft_s / max(estimate.raw_s, 1e-9), error.message)  # fmt: skip

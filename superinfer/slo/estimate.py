@@ -179,7 +179,7 @@ class FirstTokenEstimate:
     """Seconds from now to the first token, by part (raw: before the correction)."""
 
     compute_s: float
-    memory_s: float
+    memory_s: float  # the wait for device KV memory or a seat, whichever is longer
     stretch: float = 1.0  # 1 / (1 - the share of time higher classes' arrivals take)
     # with the first-token guard holding back the other prompts' chunks in the step that
     # produces this token: the part of `compute_s` they may still take, and the time the
