@@ -154,6 +154,7 @@ class EngineHost:
         assert self.engine is not None
         snapshot = self.engine.snapshot
         is_busy = snapshot.num_running > 0
+        now = time.monotonic()  # one reading for the rates and the load's clock
         step_time = (
             snapshot.step_time_s if is_busy and snapshot.step_time_s else self.warmup_step_time_s
         )
@@ -182,11 +183,11 @@ class EngineHost:
             max_num_seqs=snapshot.max_num_seqs, running_by_class=snapshot.running_by_class,
             swapped_by_class=snapshot.swapped_by_class, finished_per_s=snapshot.finished_per_s,
             host_drain_blocks_per_s=snapshot.host_drain_blocks_per_s,
-            prompt_tokens_per_s_by_class=self.admitted_tokens.rates(time.monotonic()),
-            requests_per_s_by_class=self.admitted_requests.rates(time.monotonic()),
+            prompt_tokens_per_s_by_class=self.admitted_tokens.rates(now),
+            requests_per_s_by_class=self.admitted_requests.rates(now),
             decoding=snapshot.decoding,
             decode_step_s=snapshot.decode_step_s if is_busy else self.warmup_step_time_s,
-            now=time.monotonic(), num_device_blocks=snapshot.num_device_blocks,
+            now=now, num_device_blocks=snapshot.num_device_blocks,
             decode_row_s=snapshot.decode_row_s,
             step_left_s=self.engine.step_left_s() if is_busy else 0.0,
         )  # fmt: skip

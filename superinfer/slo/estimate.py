@@ -287,10 +287,10 @@ class Estimator:
         compute_s += filler_s
         num_needed = sum(_blocks(q.num_tokens, load.block_size) for q in ahead)
         num_needed += _blocks(num_prompt_tokens, load.block_size)
-        num_needed += self._num_blocks_by_rank(load.swapped_blocks_by_class, slo_class)[0]
+        num_needed += self._split_by_rank(load.swapped_blocks_by_class, slo_class)[0]
         deficit = num_needed - self._num_available_blocks(load, slo_class)
         memory_s = _memory_wait_s(deficit, load.release_blocks_per_s)
-        if not self._num_blocks_by_rank(load.running_blocks_by_class, slo_class)[1]:
+        if not self._split_by_rank(load.running_blocks_by_class, slo_class)[1]:
             # the policy's host guard holds it back (a lower class running lets it pass)
             host_wait_s = _memory_wait_s(_host_guard_deficit(load), load.host_drain_blocks_per_s)
             memory_s = max(memory_s, host_wait_s)
@@ -424,8 +424,8 @@ class Estimator:
         bronze requests waited 54 s for one: docs/results/sim/classes_gh200_1207/)."""
         if not load.max_num_seqs:
             return 0.0
-        num_seated = self._num_blocks_by_rank(load.running_by_class, slo_class)[0]
-        num_returning = self._num_blocks_by_rank(load.swapped_by_class, slo_class)[0]
+        num_seated = self._split_by_rank(load.running_by_class, slo_class)[0]
+        num_returning = self._split_by_rank(load.swapped_by_class, slo_class)[0]
         num_deficit = num_seated + num_returning + num_ahead + 1 - load.max_num_seqs
         rank = self.rank(slo_class)
         higher_per_s = sum(rate for name, rate in load.requests_per_s_by_class.items()
@@ -437,21 +437,21 @@ class Estimator:
         rotates them to the host tier to make room, or drops them for recompute when it is
         full. A request of the same class is never displaced to admit a new one sure to be
         kept (ddps may, by urgency; the estimate does not count on it)."""
-        return load.num_free_device_blocks + self._num_blocks_by_rank(
+        return load.num_free_device_blocks + self._split_by_rank(
             load.running_blocks_by_class, slo_class)[1]  # fmt: skip
 
-    def _num_blocks_by_rank(
-        self, blocks_by_class: Mapping[str | None, int], slo_class: str | None
+    def _split_by_rank(
+        self, count_by_class: Mapping[str | None, int], slo_class: str | None
     ) -> tuple[int, int]:
-        """(blocks of this class and those above, blocks of the classes below); or of
-        any other count by class."""
+        """A count by class (blocks, requests) split in two: (this class and those above,
+        the classes below)."""
         rank = self.rank(slo_class)
         num_at_or_above = num_below = 0
-        for name, blocks in blocks_by_class.items():
+        for name, count in count_by_class.items():
             if self.rank(name) > rank:
-                num_below += blocks
+                num_below += count
             else:
-                num_at_or_above += blocks
+                num_at_or_above += count
         return num_at_or_above, num_below
 
 
