@@ -18,7 +18,7 @@ from superinfer.sim.events import Arrival, TransferDone
 from superinfer.sim.fitted import FittedPredictor
 from superinfer.sim.hardware import GIB, HardwareProfile, get_hardware
 from superinfer.sim.models import ModelProfile, get_model
-from superinfer.sim.noise import NoiseParams, StepNoise
+from superinfer.sim.noise import NoiseParams, NoisyStepModel, StepNoise
 from superinfer.sim.predictor import StepTimePredictor
 from superinfer.sim.profile_targets import resolve_targets
 from superinfer.sim.roofline import RooflinePredictor
@@ -144,9 +144,12 @@ def build_engine(system: SimSystem, loop: EventLoop) -> SimEngine:
     pipeline = is_pipelined(system)
     # steps are shaped by the simulated machine's own step times, as the real engine's
     # are by the model it fits to its own steps
+    step_model = system.predictor
+    if not system.noise.is_exact:  # the real model's late factor is its steps' scatter
+        step_model = NoisyStepModel(system.predictor, system.noise)
     scheduler = build_scheduler(
         replace(config.scheduler, pipeline=pipeline), config.cache, system.num_device_blocks,
-        system.num_host_blocks, step_model=system.predictor,
+        system.num_host_blocks, step_model=step_model,
     )  # fmt: skip
     hardware, model = system.hardware, system.model
     link = LinkModel(

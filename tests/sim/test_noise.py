@@ -6,8 +6,9 @@ import statistics
 
 import pytest
 
+from superinfer.core.step_time import BatchShape
 from superinfer.sim.fitted import FittedPredictor
-from superinfer.sim.noise import NoiseParams, StepNoise
+from superinfer.sim.noise import NoiseParams, NoisyStepModel, StepNoise
 from superinfer.sim.results import records_of, result_json
 from superinfer.sim.simulation import simulate
 
@@ -99,3 +100,17 @@ def test_the_fitted_cpu_profile_carries_its_measured_noise_and_zero_turns_it_off
         k: measured[k] for k in ("sigma", "lag1")}).to_dict()  # fmt: skip
     off = simulate(small_config(predictor="fitted", step_noise_sigma=0.0), workload)
     assert off.system.noise.is_exact and off.engine.runner.noise is None
+
+
+def test_the_scheduler_in_a_noisy_simulation_knows_how_late_a_step_may_run():
+    """The guards hold steps to their limits by the model's late factor, as the real engine
+    learns it: the noise's 0.9 quantile, which the drawn factors pass one time in ten."""
+    predictor = FittedPredictor([1], [0.001, 0.0, 0.0, 0.0, 0.0, 0.0], [0.01, 0.0])
+    params = NoiseParams(sigma=0.16, lag1=0.5)
+    model = NoisyStepModel(predictor, params)
+    factors = draws(params, 40_000)
+    share_later = sum(f > model.late_factor for f in factors) / len(factors)
+    assert share_later == pytest.approx(0.1, abs=0.02)
+    batch = BatchShape.of_lists([100], [0])
+    assert model.forward_time(batch) == predictor.forward_time(batch)
+    assert NoisyStepModel(predictor, NoiseParams(0.0, 0.0)).late_factor == 1.0
