@@ -685,14 +685,6 @@ class Correction:
     its ratio to the floor is small only because the request was, and a near-idle engine's
     many short prompts would otherwise pull the factor down and make the estimate of a
     long prompt optimistic. It still counts as a sample, so a class keeps its own factor.
-
-    An estimate is corrected (`corrected_s`) by the ratios of the requests whose estimates
-    were at least half of it, once `min_near_samples` of them are in the window: a long
-    estimate sums many steps, whose scatter averages out, and the errors of one-step
-    estimates (a step 1.3x its mean one time in ten on a 2-core CPU) said little about it.
-    Scaled by the factor of every request, estimates near a 1 s TTFT target came out
-    1.1-1.25x high where their own ratios were 0.7-0.8 (docs/results/slo_promise/
-    in_flight_1207/).
     """
 
     def __init__(
@@ -704,16 +696,13 @@ class Correction:
         low: float = 0.5,
         high: float = 10.0,
         class_order: Sequence[str] = (),
-        min_near_samples: int = 10,
     ) -> None:
         if not 0 < quantile < 1:
             raise ValueError(f"quantile must lie in (0, 1), got {quantile}")
         self.quantile, self.window, self.min_samples = quantile, window, min_samples
-        self.min_near_samples = min_near_samples
         self.floor_s, self.low, self.high = floor_s, low, high
         self.class_order = tuple(class_order)
-        # per class: (the estimate at the floor, measured / that estimate)
-        self._samples: dict[str | None, deque[tuple[float, float]]] = {}
+        self._ratios: dict[str | None, deque[float]] = {}
         self._factors: dict[str | None, float] = {}  # the classes with enough samples
         self._borrowed: dict[str | None, float | None] = {}  # the others', computed once
 
@@ -721,14 +710,13 @@ class Correction:
         """One admitted request's raw estimate and measured TTFT (both from admission)."""
         if not (math.isfinite(estimated_s) and math.isfinite(measured_s)) or measured_s < 0:
             return
-        estimate_s = max(estimated_s, self.floor_s)
-        ratio = measured_s / estimate_s
+        ratio = measured_s / max(estimated_s, self.floor_s)
         if measured_s < self.floor_s:
             ratio = max(ratio, 1.0)  # within the floor: no error seen at a target's scale
-        samples = self._samples.setdefault(slo_class, deque(maxlen=self.window))
-        samples.append((estimate_s, ratio))
-        if len(samples) >= self.min_samples:
-            self._factors[slo_class] = self._quantile([r for _, r in samples])
+        ratios = self._ratios.setdefault(slo_class, deque(maxlen=self.window))
+        ratios.append(ratio)
+        if len(ratios) >= self.min_samples:
+            self._factors[slo_class] = self._quantile(ratios)
         self._borrowed.clear()
 
     def _rank(self, slo_class: str | None) -> int:
@@ -740,24 +728,16 @@ class Correction:
         value = ordered[min(len(ordered) - 1, int(self.quantile * len(ordered)))]
         return min(self.high, max(self.low, value))
 
-    def _pool(self, slo_class: str | None) -> list[tuple[float, float]]:
-        """The samples a class learns from: its own once it has `min_samples`, else those
-        of its class and the classes above it."""
-        own = self._samples.get(slo_class, ())
-        if len(own) >= self.min_samples:
-            return list(own)
-        rank = self._rank(slo_class)
-        return [sample for name, samples in self._samples.items() if self._rank(name) <= rank
-                for sample in samples]  # fmt: skip
-
     def learned(self, slo_class: str | None) -> float | None:
         """The class's own factor, or the one it borrows; None: nothing learned for it."""
         if slo_class in self._factors:
             return self._factors[slo_class]
         if slo_class not in self._borrowed:
-            pool = self._pool(slo_class)
-            is_enough = len(pool) >= self.min_samples
-            self._borrowed[slo_class] = self._quantile([r for _, r in pool]) if is_enough else None
+            rank = self._rank(slo_class)
+            ratios = [r for name, rs in self._ratios.items() if self._rank(name) <= rank
+                      for r in rs]  # fmt: skip
+            is_enough = len(ratios) >= self.min_samples
+            self._borrowed[slo_class] = self._quantile(ratios) if is_enough else None
         return self._borrowed[slo_class]
 
     def factor(self, slo_class: str | None) -> float:
@@ -766,25 +746,16 @@ class Correction:
         return 1.0 if learned is None else learned
 
     def corrected_s(self, slo_class: str | None, raw_s: float) -> float:
-        """The TTFT to expect for a raw estimate of `raw_s`: the learned quantile ratio of
-        the estimates at least half as long (of all, while fewer than `min_near_samples`
-        are) times the estimate taken at the floor, as the ratios were; `raw_s` itself until
+        """The TTFT to expect for a raw estimate of `raw_s`: the learned quantile ratio
+        times the estimate taken at the floor, as the ratios were; `raw_s` itself until
         the class has a factor."""
         learned = self.learned(slo_class)
-        if learned is None:
-            return raw_s
-        estimate_s = max(raw_s, self.floor_s)
-        if estimate_s / 2 > self.floor_s:  # else every sample is near it
-            near = [r for e, r in self._pool(slo_class) if e >= estimate_s / 2]
-            if len(near) >= self.min_near_samples:
-                learned = self._quantile(near)
-        return learned * estimate_s
+        return raw_s if learned is None else learned * max(raw_s, self.floor_s)
 
     def applied(self, class_names: Sequence[str]) -> dict[str, float]:
         """The factor each of `class_names` and class-less requests ("none") have their
         estimates scaled by now: a class's own, or the one it borrows; empty until one is
-        learned. Estimates long enough to have their own near samples are scaled by those
-        (`corrected_s`)."""
+        learned."""
         if not self._factors and self.learned(None) is None:
             return {}
         return {name or "none": self.factor(name) for name in (*class_names, None)}

@@ -348,29 +348,6 @@ def test_correction_converges_to_a_high_quantile_of_a_biased_clock():
     assert correction.factor("bronze") == pytest.approx(0.6)
 
 
-def test_a_long_estimate_is_corrected_by_the_errors_of_long_estimates():
-    """Short estimates scatter by a step's noise (0.9-1.5x here); long ones, which sum
-    many steps, were 0.7-0.8x: scaled by every request's 90th percentile, a 1 s estimate
-    would be taken for 1.4 s. Until ten estimates of at least half its length are in the
-    window, a long one takes the factor of all."""
-    rng = random.Random(1)
-    correction = Correction(quantile=0.9, min_samples=20, min_near_samples=10)
-    for _ in range(60):
-        estimate = rng.uniform(0.02, 0.2)
-        correction.observe(None, estimate, max(estimate, 0.1) * rng.uniform(0.9, 1.5))
-    overall = correction.factor(None)
-    assert overall > 1.3
-    for _ in range(9):
-        estimate = rng.uniform(0.8, 1.2)
-        correction.observe(None, estimate, estimate * rng.uniform(0.7, 0.8))
-    assert correction.corrected_s(None, 1.0) == pytest.approx(correction.factor(None) * 1.0)
-    correction.observe(None, 1.0, 0.75)
-    assert correction.corrected_s(None, 1.0) == pytest.approx(0.8, abs=0.02)
-    assert correction.corrected_s(None, 1.0) < 1.0 < overall
-    # a short estimate still takes the factor of all (every sample is at least half of it)
-    assert correction.corrected_s(None, 0.15) == pytest.approx(correction.factor(None) * 0.15)
-
-
 def test_tiny_estimates_are_compared_at_the_floor():
     correction = Correction(min_samples=1, floor_s=0.1)
     for _ in range(5):
