@@ -363,14 +363,6 @@ class AsyncEngine:
             return max(0.0, snapshot.step_time_s - elapsed_s)
         return max(0.0, self._prefill_cost.step_s(shape, snapshot.decode_step_s) - elapsed_s)
 
-    def prompt_tokens_in_flight(self) -> Mapping[str | None, int]:
-        """Prompt tokens, by class, the step now running computes that the published
-        snapshot still counts as to prefill (`LLMEngine.prompt_tokens_in_flight`): admission
-        counts their time in `step_left_s` and must not count it again."""
-        if self._step_started is None:
-            return {}
-        return self.engine.prompt_tokens_in_flight()
-
     def _step(self) -> None:
         self._last_step = None
         self._step_started = self.engine.clock()

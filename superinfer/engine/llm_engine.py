@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -41,7 +41,6 @@ from superinfer.engine.snapshot import (
     StepRecord,
     build_debug_report,
     build_snapshot,
-    prompt_tokens_by_class,
 )
 from superinfer.engine.transfer import create_transfer_engine
 from superinfer.engine.transfer.link_probe import measure_link
@@ -113,8 +112,6 @@ class _Forward:
     start: float
     end: float | None = None
     host_s: float = 0.0
-    # its prompt tokens by class, when the published snapshot still counts them to prefill
-    prompt_tokens_by_class: Mapping[str | None, int] = field(default_factory=dict)
 
     def finish(self, _: object = None) -> None:
         self.end = time.perf_counter()
@@ -124,15 +121,8 @@ class _TimedRunner(StepBackend):
     """The model runner behind the step protocol, timing each non-empty forward and the
     time a step blocks on forwards (for the step record)."""
 
-    def __init__(
-        self,
-        runner: ModelRunner,
-        clock: Callable[[], float],
-        prompt_tokens_of: Callable[[SchedulerOutput], Mapping[str | None, int]] | None = None,
-    ) -> None:
+    def __init__(self, runner: ModelRunner, clock: Callable[[], float]) -> None:
         self.runner, self.clock = runner, clock
-        # a batch's prompt tokens by class (`snapshot.prompt_tokens_by_class`)
-        self.prompt_tokens_of = prompt_tokens_of or (lambda output: {})
         # the last forward started; in flight until its end is stamped (read by other
         # threads: one reference, replaced whole)
         self.running: _Forward | None = None
@@ -149,9 +139,7 @@ class _TimedRunner(StepBackend):
 
     def execute(self, output: SchedulerOutput) -> tuple[ModelOutput, float]:
         start = time.perf_counter()
-        forward = None
-        if not output.is_empty:  # scheduled after the last snapshot: its prompts are pending there
-            forward = _Forward(output, start, prompt_tokens_by_class=self.prompt_tokens_of(output))
+        forward = None if output.is_empty else _Forward(output, start)
         self.running = forward
         model_output = self._kept(self.runner.execute(output))
         if forward is not None:
@@ -242,9 +230,7 @@ class LLMEngine:
             max_blocks_per_seq=-(-config.scheduler.max_model_len // config.cache.block_size),
         )  # fmt: skip
         self.runner.capture_graphs()  # before any request holds a block
-        self._timed = _TimedRunner(
-            self.runner, clock, lambda output: prompt_tokens_by_class(self.scheduler, output)
-        )
+        self._timed = _TimedRunner(self.runner, clock)
         self._steps = StepLoop(self.scheduler, self.transfer, self._timed, self.is_pipelined)
         self._step_observers: list[StepObserver] = []
         self._num_steps = 0
@@ -433,14 +419,6 @@ class LLMEngine:
         another thread than the engine's."""
         forward = self._timed.running
         return None if forward is None or forward.end is not None else BatchShape.of(forward.batch)
-
-    def prompt_tokens_in_flight(self) -> Mapping[str | None, int]:
-        """The prompt tokens, by class, the forward running now computes that the last
-        snapshot (built before it was scheduled) still counts as to prefill; empty between
-        forwards and with the pipeline (its snapshot is built after the launch counted
-        them). Safe to call from another thread than the engine's."""
-        forward = self._timed.running
-        return {} if forward is None or forward.end is not None else forward.prompt_tokens_by_class
 
     def num_cached_tokens(self, token_ids: list[int]) -> int:
         """Tokens of a prompt the device's prefix cache holds now (admission's estimate).

@@ -124,20 +124,6 @@ def build_snapshot(scheduler: Scheduler, transfer: TransferStats) -> EngineSnaps
     )
 
 
-def prompt_tokens_by_class(scheduler: Scheduler, output: SchedulerOutput) -> dict[str | None, int]:
-    """The prompt tokens `output` computes, by class, as scheduled and not yet advanced
-    (a prompt's chunk, not a decode's or a recomputed output's tokens)."""
-    tokens: Counter[str | None] = Counter()
-    for seq in output.sequences:
-        request = scheduler.requests.get(seq.request_id)
-        if request is None:
-            continue
-        num_end = min(seq.num_context_tokens + seq.num_query_tokens, request.num_prompt_tokens)
-        if num_end > seq.num_context_tokens:
-            tokens[request.slo.slo_class] += num_end - seq.num_context_tokens
-    return dict(tokens)
-
-
 def decode_row_cost(scheduler: Scheduler) -> float:
     """What one more decoding sequence adds to a step, at the running ones' mean context."""
     running = scheduler.running

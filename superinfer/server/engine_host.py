@@ -190,8 +190,6 @@ class EngineHost:
             now=now, num_device_blocks=snapshot.num_device_blocks,
             decode_row_s=snapshot.decode_row_s,
             step_left_s=self.engine.step_left_s() if is_busy else 0.0,
-            in_flight_prompt_tokens_by_class=(self.engine.prompt_tokens_in_flight() if is_busy
-                                              else {}),
         )  # fmt: skip
 
     def admit(

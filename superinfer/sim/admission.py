@@ -13,7 +13,6 @@ request's first token teaches the correction as it does in the server.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import replace
 
 from superinfer.core.outputs import SchedulerOutput
@@ -74,11 +73,9 @@ class SimAdmission:
         self.reasons: dict[str, str] = {}  # refused request id -> the refusal's reason
 
     def admit(self, now: float, request: Request, scheduler: Scheduler,
-              inbox: list[Request], step_left_s: float = 0.0,
-              in_flight_prompts: Mapping[str | None, int] | None = None) -> bool:  # fmt: skip
+              inbox: list[Request], step_left_s: float = 0.0) -> bool:  # fmt: skip
         """The server's checks for `request` arriving at `now` (`step_left_s` before the
-        step in flight ends, which computes `in_flight_prompts`: prompt tokens by class the
-        scheduler still counts as to prefill); False: refused."""
+        step in flight ends); False: refused."""
         targets = request.slo
         num_cached = scheduler.kv.num_cached_tokens(request.prompt_token_ids)
         demand = Demand(request.num_prompt_tokens, request.sampling_params.max_tokens or 1,
@@ -89,8 +86,7 @@ class SimAdmission:
         is_reject = slo_class is None or slo_class.reject_infeasible
         try:
             estimate = self.admission.check(
-                replace(self.load(now, scheduler, inbox), step_left_s=step_left_s,
-                        in_flight_prompt_tokens_by_class=in_flight_prompts or {}), demand,
+                replace(self.load(now, scheduler, inbox), step_left_s=step_left_s), demand,
                 targets.max_latency_ms, is_reject,
                 targets.ttft_ms,
             )  # fmt: skip

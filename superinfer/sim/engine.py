@@ -26,7 +26,6 @@ from superinfer.core.outputs import ModelOutput, SchedulerOutput
 from superinfer.core.request import Request
 from superinfer.core.scheduler import Scheduler
 from superinfer.core.step import StepBackend, StepLoop
-from superinfer.engine.snapshot import prompt_tokens_by_class
 from superinfer.sim.admission import SimAdmission
 from superinfer.sim.events import EngineStep, Event, StepDone, StepLaunch
 from superinfer.sim.runner import SimModelRunner
@@ -93,8 +92,6 @@ class SimEngine:
         self._inbox: list[Request] = []
         self._last_step_end: float | None = None  # while busy: when the last step ended
         self._step_end: float | None = None  # when the step in flight ends (no pipeline)
-        # its prompt tokens by class, not advanced until it ends (`EngineLoad`'s field)
-        self._in_flight_prompts: dict[str | None, int] = {}
         self.forwards = PredictedForwards(runner, transfer)
         self.steps = StepLoop(scheduler, transfer, self.forwards, is_pipelined)
         self._is_busy = False  # an engine event is in the heap
@@ -105,9 +102,7 @@ class SimEngine:
         step_left_s = max(0.0, self._step_end - now) if self._step_end is not None else 0.0
         if not self._is_servable(request) or (
             self.admission is not None
-            and not self.admission.admit(
-                now, request, self.scheduler, self._inbox, step_left_s, self._in_flight_prompts
-            )
+            and not self.admission.admit(now, request, self.scheduler, self._inbox, step_left_s)
         ):
             self.rejected.append(request)
             return []
@@ -153,13 +148,11 @@ class SimEngine:
         start = max(host_done, self.transfer.ready_time(output.swap_in_transfer_ids))
         end = start + self.runner.duration(output)
         self._step_end = end
-        self._in_flight_prompts = prompt_tokens_by_class(self.scheduler, output)
         return [StepDone(end, output)]
 
     def finish_step(self, now: float, output: SchedulerOutput) -> list[Event]:
         """Without the pipeline: the forward of `output` ends at `now`."""
         self.forwards.now = now
-        self._in_flight_prompts = {}
         self.steps.finish_step(output)
         self._after_update(now, output)
         return [EngineStep(now)]
@@ -185,7 +178,6 @@ class SimEngine:
     def _idle(self) -> list[Event]:
         self._is_busy = False
         self._last_step_end = self._step_end = None
-        self._in_flight_prompts = {}
         return []
 
     def _after_update(self, now: float, output: SchedulerOutput) -> None:

@@ -7,8 +7,7 @@ Pure Python over plain data: `EngineLoad` is built from the engine's published s
 
     first token = (compute + memory) / (1 - higher), times the learned correction
     compute     = the rest of the step in flight (nothing new starts before it ends)
-                  + (prompt tokens ahead + this prompt) x prefill cost per token, less
-                    the prompt tokens ahead the step in flight computes
+                  + (prompt tokens ahead + this prompt) x prefill cost per token
                   + their attention pairs x prefill cost per pair (a long prompt's last
                     chunks attend to all of its first ones)
                   + one decode step per step's worth of those tokens (with steps shaped by
@@ -159,11 +158,6 @@ class EngineLoad:
     running_by_class: Mapping[str | None, int] = field(default_factory=dict)  # requests
     swapped_by_class: Mapping[str | None, int] = field(default_factory=dict)
     finished_per_s: float = 0.0  # requests that ended per second, recently (seats freed)
-    # prompt tokens the step in flight computes that `queued` and `decoding` still count as
-    # to prefill (the engine published them before it scheduled that step), by class: they
-    # are in `step_left_s`, and counted again as prompts ahead they made a newcomer's first
-    # token look hundreds of milliseconds later than it came
-    in_flight_prompt_tokens_by_class: Mapping[str | None, int] = field(default_factory=dict)
 
     @property
     def decode_only_step_s(self) -> float:
@@ -269,17 +263,12 @@ class Estimator:
         prompts = [q.num_tokens for q in ahead]
         prompts += [d.num_prefill_tokens for d in load.decoding
                     if d.num_prefill_tokens and self.rank(d.slo_class) <= rank]  # fmt: skip
-        # the step in flight computes some of them (its time is `step_left_s`)
-        in_flight = self._split_by_rank(load.in_flight_prompt_tokens_by_class, slo_class)
-        num_in_flight_ahead = min(in_flight[0], sum(prompts))
-        num_prefill = sum(prompts) - num_in_flight_ahead + num_prompt_tokens - num_cached_tokens
+        num_prefill = sum(prompts) + num_prompt_tokens - num_cached_tokens
         budget = max(1, self.step_budget(load, slo_class))
         num_steps = -(-num_prefill // budget)
         # the prefill costs are a step's time beyond its decodes' (`PrefillCost`)
         step_s = load.decode_only_step_s
-        ahead_s = max(0.0, sum(_prefill_s(load, n) for n in prompts)
-                      - num_in_flight_ahead * load.prefill_s_per_token)  # fmt: skip
-        compute_s = (load.step_left_s + ahead_s
+        compute_s = (load.step_left_s + sum(_prefill_s(load, n) for n in prompts)
                      + _prefill_s(load, num_prompt_tokens, num_cached_tokens)
                      + num_steps * step_s)  # fmt: skip
         # prompt work behind it fills what its last step has left of the budget: lower
@@ -287,15 +276,9 @@ class Estimator:
         num_behind = sum(d.num_prefill_tokens for d in load.decoding
                          if self.rank(d.slo_class) > rank)  # fmt: skip
         num_behind += load.num_queued_tokens - sum(q.num_tokens for q in ahead)
-        num_behind = max(0, num_behind - in_flight[1])
         num_joining = min(num_steps * budget - num_prefill,
                           num_behind + self._not_higher_rate(load, slo_class) * compute_s)  # fmt: skip
-        # the guard holds the step that produces it to the headroom of what is left of the
-        # time when that step starts: after the steps before it, less its own prompt chunk
-        num_last_chunk = num_prefill - (num_steps - 1) * budget
-        start_s = max(0.0, compute_s - step_s - num_last_chunk * load.prefill_s_per_token)
-        left_s = deadline - load.now
-        bound_s = start_s + load.first_token_headroom * (left_s - start_s)
+        bound_s = load.first_token_headroom * (deadline - load.now)
         room_s = bound_s - compute_s
         is_guarded = load.first_token_headroom > 0 and room_s >= 0 and load.prefill_s_per_token > 0
         if is_guarded:  # the scheduler holds them to what keeps its deadline (`TokenGuard`)
@@ -336,8 +319,6 @@ class Estimator:
         chunk_s = load.num_batched_tokens * load.prefill_s_per_token  # the most one step carries
         queued_s = sum(_prefill_s(load, q.num_tokens) for q in load.queued)
         pending_s = queued_s + sum(_prefill_s(load, d.num_prefill_tokens) for d in load.decoding)
-        num_in_flight = sum(load.in_flight_prompt_tokens_by_class.values())
-        pending_s = max(0.0, pending_s - num_in_flight * load.prefill_s_per_token)
         new_s = _prefill_s(load, num_prompt_tokens, num_cached_tokens)
         rank = self.rank(slo_class)
         num_broken, min_slack = 0, math.inf

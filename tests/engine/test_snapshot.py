@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from superinfer.engine.snapshot import decoding_requests, prompt_tokens_by_class
+from superinfer.engine.snapshot import decoding_requests
 from superinfer.slo import SLOTargets
 from tests.factories import fake_model_output, make_request, make_scheduler
 
@@ -37,22 +37,3 @@ def test_a_length_the_client_did_not_bound_is_expected_to_end_soon():
     scheduler.update_from_output(output, fake_model_output(output), 1.0)
     (decoding,) = decoding_requests(scheduler)
     assert decoding.num_final_tokens == 8 + unbounded.num_output_tokens + 1
-
-
-def test_a_scheduled_steps_prompt_tokens_by_class_leave_out_decodes():
-    """What the step in flight computes of the prompts a snapshot built before it still
-    counts as to prefill (admission must not count it twice)."""
-    scheduler = make_scheduler(max_num_batched_tokens=32)
-    decoding = make_request(num_prompt_tokens=8, max_tokens=5)
-    gold = make_request(num_prompt_tokens=40, max_tokens=5)
-    gold.slo = SLOTargets(tbt_ms=100.0, slo_class="gold")
-    scheduler.add_request(decoding)
-    output = scheduler.schedule(1.0)
-    scheduler.update_from_output(output, fake_model_output(output), 1.0)
-    scheduler.add_request(gold)
-    output = scheduler.schedule(2.0)  # the decode, and 31 of gold's 40 prompt tokens
-    assert prompt_tokens_by_class(scheduler, output) == {"gold": 31}
-    scheduler.update_from_output(output, fake_model_output(output), 2.0)
-    scheduler.check_invariants()
-    output = scheduler.schedule(3.0)  # gold's last 9
-    assert prompt_tokens_by_class(scheduler, output) == {"gold": 9}

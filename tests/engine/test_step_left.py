@@ -23,19 +23,14 @@ def test_the_forward_is_in_flight_from_its_start_to_its_end():
     seen = []
 
     def execute(output: SchedulerOutput) -> ModelOutput:
-        running = timed.running
-        seen.append((running.batch, running.end, running.prompt_tokens_by_class))
+        seen.append((timed.running.batch, timed.running.end))
         return fake_model_output(output)
 
-    timed = _TimedRunner(
-        SimpleNamespace(execute=execute),
-        clock=lambda: 0.0,
-        prompt_tokens_of=lambda output: {"gold": output.num_batched_tokens},
-    )
+    timed = _TimedRunner(SimpleNamespace(execute=execute), clock=lambda: 0.0)
     params = SamplingParams()
     output = SchedulerOutput(0, [ScheduledSequence("r", [5] * 40, 0, [], True, params, 0)])
     timed.execute(output)
-    assert seen == [(output, None, {"gold": 40})]  # in flight during the call, its prompts
+    assert seen == [(output, None)]  # in flight during the call
     assert timed.running.end is not None  # and over once it returned
 
 
@@ -66,11 +61,3 @@ def test_no_step_no_time_left():
     engine = engine_in_a_step(None, 0.0)
     engine._step_started = None
     assert engine.step_left_s() == 0.0
-
-
-def test_prompt_tokens_in_flight_only_while_a_step_runs():
-    engine = engine_in_a_step(None, 0.01)
-    engine._engine.prompt_tokens_in_flight = lambda: {"silver": 300}
-    assert engine.prompt_tokens_in_flight() == {"silver": 300}
-    engine._step_started = None
-    assert engine.prompt_tokens_in_flight() == {}
