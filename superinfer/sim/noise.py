@@ -21,7 +21,6 @@ import random
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from statistics import NormalDist
 
 from superinfer.core.step_time import LATE_QUANTILE, BatchShape, StepTimePredictor
 
@@ -86,7 +85,7 @@ class NoisyStepModel(StepTimePredictor):
         self.predictor = predictor
         self.name = predictor.name
         sigma = noise.sigma
-        self._late_factor = max(1.0, math.exp(sigma * NormalDist().inv_cdf(LATE_QUANTILE)
+        self._late_factor = max(1.0, math.exp(sigma * statistics.NormalDist().inv_cdf(LATE_QUANTILE)
                                               - sigma * sigma / 2))  # fmt: skip
 
     def forward_time(self, batch: BatchShape) -> float:
