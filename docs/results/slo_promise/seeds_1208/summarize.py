@@ -13,13 +13,12 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
-from superinfer.bench.refusal_cost import compare
+from superinfer.bench.refusal_cost import compare, report_of
 
 
 def is_met(record: dict) -> bool:
-    slo = record["slo"]
-    return (record["outcome"] != "rejected" and bool(slo["ttft_met"]) and bool(slo["tpot_met"])
-            and slo["deadline_met"] is not False)  # fmt: skip
+    """Finished and met every target it had (the project's own judgement of a record)."""
+    return report_of(record).is_all_met
 
 
 def load(path: Path) -> dict | None:
